@@ -1,0 +1,241 @@
+"""A case: one drawn configuration, as plain data that round-trips through JSON.
+
+The replay command of every finding carries the case as JSON, so everything that decides what
+runs lives here and nothing else (the schedule policy and the device are the only other inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import InvalidArgument
+from harness.model.enums import ForwardMode, SpeculativeAlgorithm
+
+SEMANTICS = ("pr", "0.5.23")
+GRAPH_CONTRACTS = ("fresh", "bcg")
+MUTATION_KINDS = (
+    "req_to_token_rewrite",  # rewrite rows of req_to_token (R1, radix row rewrites)
+    "req_pool_reuse",  # a finished request's pool index is reused by a new request (R1/#18803)
+    "swa_clear",  # full_to_swa.index_fill_(0, idx, 0) of in-window tokens (R2/R9, #35773)
+    "swa_repoint",  # full_to_swa entries re-pointed at other SWA slots (R9)
+    "kv_realloc",  # free in-window KV slots and reallocate them to a new request
+    "batch_rebind",  # the per-batch tensors' storage is reused for the next batch (R15/R17)
+    "hisparse_evict",  # HiSparse evicts entries of full_to_hisparse
+)
+MUTATION_TARGETS = ("batch", "other")
+_LARGE_SEQ = 1 << 16
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Model sizes. SGLang's real ones: 64 heads, head_dim 512, window 128, top-k 512, page 256."""
+
+    heads: int = 2
+    head_dim: int = 8
+    swa_window: int = 8
+    index_topk: int = 4
+    index_dim: int = 4
+    page_size: int = 4
+    layer_ratios: tuple[int, ...] = (0, 4, 128)
+    index_align: int = 128
+
+    def validate(self) -> None:
+        for name in ("heads", "head_dim", "swa_window", "index_topk", "index_dim", "page_size", "index_align"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidArgument(f"dims.{name}={value!r}: must be an integer >= 1")
+        if not self.layer_ratios:
+            raise InvalidArgument("dims.layer_ratios is empty: give at least one layer, ratios from 0, 4, 128")
+        for ratio in self.layer_ratios:
+            if ratio not in (0, 4, 128):
+                raise InvalidArgument(f"dims.layer_ratios contains {ratio!r}: allowed ratios are 0, 4, 128")
+
+
+@dataclass(frozen=True)
+class Flags:
+    """SGLang's switches, by their SGLang names; None means the semantics' default."""
+
+    SGLANG_ENABLE_PREFILL_WAR_READ_DONE: bool | None = None
+    SGLANG_FORCE_COARSE_WAR_BARRIER: bool = False
+    SGLANG_OPT_FLASHMLA_SPARSE_PREFILL: bool = True
+    cp_active: bool = False
+    hisparse: bool = False
+    hierarchical_cache: bool = False
+    hicache_storage: bool = False
+    lmcache: bool = False
+
+    def prefill_read_done_enabled(self, semantics: str) -> bool:
+        """PR-era default off, 0.5.23 default on (#37958)."""
+        if self.SGLANG_ENABLE_PREFILL_WAR_READ_DONE is None:
+            return semantics != "pr"
+        return self.SGLANG_ENABLE_PREFILL_WAR_READ_DONE
+
+    def offloads_kv(self) -> bool:
+        return self.hierarchical_cache or self.hicache_storage or self.lmcache
+
+
+@dataclass(frozen=True)
+class Request:
+    prefix_len: int
+    extend_len: int
+
+    @property
+    def seq_len(self) -> int:
+        return self.prefix_len + self.extend_len
+
+
+@dataclass(frozen=True)
+class Mutation:
+    kind: str
+    target: str = "batch"
+    count: int = 1
+    poison: bool = False
+
+
+@dataclass(frozen=True)
+class Batch:
+    mode: ForwardMode = ForwardMode.EXTEND
+    requests: tuple[Request, ...] = (Request(0, 4),)
+    graph: bool = False
+    mutations: tuple[Mutation, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.extend_len for r in self.requests)
+
+
+@dataclass(frozen=True)
+class Case:
+    semantics: str = "0.5.23"
+    spec: SpeculativeAlgorithm = SpeculativeAlgorithm.NONE
+    flags: Flags = Flags()
+    dims: Dims = Dims()
+    batches: tuple[Batch, ...] = (Batch(),)
+    graph_contract: str = "fresh"
+    delay_cycles: int = 0
+    data_seed: int = 0
+
+    def validate(self) -> "Case":
+        """Eager validation: every field is checked here, so nothing deep inside fails on bad input."""
+        if self.semantics not in SEMANTICS:
+            raise InvalidArgument(f"semantics={self.semantics!r} is not one of: {', '.join(SEMANTICS)}")
+        if self.graph_contract not in GRAPH_CONTRACTS:
+            raise InvalidArgument(f"graph_contract={self.graph_contract!r} is not one of: {', '.join(GRAPH_CONTRACTS)}")
+        self.dims.validate()
+        if not self.batches:
+            raise InvalidArgument("batches is empty: a case runs at least one batch")
+        if self.delay_cycles < 0:
+            raise InvalidArgument(f"delay_cycles={self.delay_cycles}: must be >= 0")
+        for i, batch in enumerate(self.batches):
+            where = f"batches[{i}]"
+            if batch.mode is ForwardMode.IDLE:
+                if batch.requests:
+                    raise InvalidArgument(f"{where}: an IDLE batch has no requests")
+            elif not batch.requests:
+                raise InvalidArgument(f"{where}: mode {batch.mode.name} needs at least one request")
+            for j, req in enumerate(batch.requests):
+                if req.prefix_len < 0 or req.extend_len < 1:
+                    raise InvalidArgument(
+                        f"{where}.requests[{j}]: prefix_len={req.prefix_len} must be >= 0 and "
+                        f"extend_len={req.extend_len} must be >= 1"
+                    )
+                if req.seq_len > _LARGE_SEQ:
+                    raise InvalidArgument(f"{where}.requests[{j}]: seq_len {req.seq_len} exceeds {_LARGE_SEQ}")
+            for m in batch.mutations:
+                if m.kind not in MUTATION_KINDS:
+                    raise InvalidArgument(f"{where}: mutation kind {m.kind!r} is not one of: {', '.join(MUTATION_KINDS)}")
+                if m.target not in MUTATION_TARGETS:
+                    raise InvalidArgument(f"{where}: mutation target {m.target!r} is not one of: {', '.join(MUTATION_TARGETS)}")
+                if m.count < 1:
+                    raise InvalidArgument(f"{where}: mutation count {m.count} must be >= 1")
+        return self
+
+    # -- JSON -----------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps(_encode(self), separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Case":
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"case: not valid JSON ({exc.msg} at char {exc.pos})") from None
+        if not isinstance(raw, dict):
+            raise InvalidArgument("case: expected a JSON object")
+        return _decode_case(raw).validate()
+
+    def summary(self) -> str:
+        """One line a person can read: the geometry and the switches that matter."""
+        parts = [f"sem={self.semantics}", f"spec={self.spec.name}"]
+        on = [k for k, v in dataclasses.asdict(self.flags).items() if v is True and k != "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"]
+        if not self.flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL:
+            on.append("OPT_SPARSE=0")
+        if self.flags.SGLANG_ENABLE_PREFILL_WAR_READ_DONE is False:
+            on.append("READ_DONE=0")
+        if on:
+            parts.append("flags=" + ",".join(on))
+        for b in self.batches:
+            reqs = " ".join(f"{r.prefix_len}+{r.extend_len}" for r in b.requests)
+            muts = ",".join(f"{m.kind}{'!' if m.poison else ''}" for m in b.mutations) or "-"
+            parts.append(f"[{b.mode.name}{' graph' if b.graph else ''} {reqs} mut={muts}]")
+        return " ".join(parts)
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (ForwardMode, SpeculativeAlgorithm)):
+        return value.name
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _fields(cls, raw: dict, where: str) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+    return raw
+
+
+def _mode(name: Any, where: str) -> ForwardMode:
+    try:
+        return ForwardMode[str(name)]
+    except KeyError:
+        raise InvalidArgument(f"{where}.mode={name!r} is not one of: {', '.join(m.name for m in ForwardMode)}") from None
+
+
+def _decode_case(raw: dict) -> Case:
+    raw = dict(_fields(Case, raw, "case"))
+    try:
+        if "spec" in raw:
+            raw["spec"] = SpeculativeAlgorithm.parse(str(raw["spec"]))
+        if "flags" in raw:
+            raw["flags"] = Flags(**_fields(Flags, raw["flags"], "case.flags"))
+        if "dims" in raw:
+            dims = dict(_fields(Dims, raw["dims"], "case.dims"))
+            if "layer_ratios" in dims:
+                dims["layer_ratios"] = tuple(dims["layer_ratios"])
+            raw["dims"] = Dims(**dims)
+        if "batches" in raw:
+            batches = []
+            for i, b in enumerate(raw["batches"]):
+                b = dict(_fields(Batch, b, f"case.batches[{i}]"))
+                if "mode" in b:
+                    b["mode"] = _mode(b["mode"], f"case.batches[{i}]")
+                if "requests" in b:
+                    b["requests"] = tuple(Request(**_fields(Request, r, f"case.batches[{i}].requests")) for r in b["requests"])
+                if "mutations" in b:
+                    b["mutations"] = tuple(
+                        Mutation(**_fields(Mutation, m, f"case.batches[{i}].mutations")) for m in b["mutations"]
+                    )
+                batches.append(Batch(**b))
+            raw["batches"] = tuple(batches)
+    except TypeError as exc:
+        raise InvalidArgument(f"case: {exc}") from None
+    return Case(**raw)

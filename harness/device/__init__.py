@@ -1,0 +1,39 @@
+"""One interface, two devices: real CUDA streams, or the CPU stream/event simulator.
+
+The system under test issues every tensor operation through `Device.launch`, declaring what it
+reads and writes. On CUDA the operation runs at once on the current stream; on the CPU it is queued
+and a schedule policy later picks an order allowed by stream order and event edges. Both feed the
+same happens-before tracker in host issue order, so its verdict does not depend on the device.
+"""
+
+from __future__ import annotations
+
+from harness.device.base import Device, Event, GraphCapture, OpFailed, Stream
+from harness.device.sim import SimDevice
+from harness.errors import EnvironmentBroken, InvalidArgument
+
+__all__ = ["Device", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice", "make_device", "resolve_device"]
+
+
+def resolve_device(name: str) -> str:
+    """`auto` picks CUDA when a device is present."""
+    if name not in ("cpu", "cuda", "auto"):
+        raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def make_device(name: str, *, schedule: str = "adversarial") -> Device:
+    kind = resolve_device(name)
+    if kind == "cpu":
+        return SimDevice(schedule=schedule)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    from harness.device.cuda import CudaDevice
+
+    return CudaDevice()

@@ -1,0 +1,158 @@
+"""The device interface the system under test issues its work through."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Optional
+
+from harness.hb import CapturedGraph, GraphNode, HappensBefore, Region
+
+Accesses = Mapping[str, Region]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A named stream; `id` is what the happens-before tracker sees."""
+
+    name: str
+    id: int
+
+
+@dataclass
+class Event:
+    id: int
+    native: object = None  # torch.cuda.Event on CUDA, the record's queue position on the simulator
+
+
+class OpFailed(RuntimeError):
+    """An operation raised while it executed (for example an index read through a poisoned table)."""
+
+    def __init__(self, op: str, stream: str, error: BaseException):
+        super().__init__(f"{op} on stream {stream} raised {type(error).__name__}: {error}")
+        self.op = op
+        self.stream = stream
+        self.error = error
+
+
+@dataclass
+class GraphCapture:
+    """Operations captured once and replayed: the closures keep the tensors they were captured with."""
+
+    name: str
+    nodes: list[GraphNode] = field(default_factory=list)
+    fns: list[Optional[Callable[[], None]]] = field(default_factory=list)
+    native: object = None  # torch.cuda.CUDAGraph when captured for real
+
+    def as_hb(self) -> CapturedGraph:
+        return CapturedGraph(self.name, list(self.nodes))
+
+
+class Device:
+    """Base class: stream bookkeeping, the tracker, and graph capture shared by both devices."""
+
+    kind = "abstract"
+
+    def __init__(self) -> None:
+        self.tracker = HappensBefore()
+        self._next_id = 0
+        self.forward_stream = self.new_stream("forward")
+        self.schedule_stream = self.new_stream("schedule")
+        self.current_stream = self.forward_stream
+        self._capturing: Optional[GraphCapture] = None
+        self.delays: list[int] = []
+
+    # -- streams and events ------------------------------------------------------------------
+
+    def new_stream(self, name: str) -> Stream:
+        self._next_id += 1
+        return Stream(name, 1000 + self._next_id)
+
+    def _new_event_id(self) -> int:
+        self._next_id += 1
+        return 2000 + self._next_id
+
+    @contextlib.contextmanager
+    def stream(self, stream: Stream) -> Iterator[Stream]:
+        previous, self.current_stream = self.current_stream, stream
+        try:
+            yield stream
+        finally:
+            self.current_stream = previous
+
+    def launch(self, op: str, fn: Callable[[], None], reads: Accesses = {}, writes: Accesses = {}) -> None:
+        """Issue one operation on the current stream, or capture it if a capture is open."""
+        if self._capturing is not None:
+            self._capturing.nodes.append(GraphNode("launch", 0, op, tuple(reads.items()), tuple(writes.items())))
+            self._capturing.fns.append(fn)
+            return
+        self.tracker.launch(self.current_stream.id, op, reads, writes)
+        self._issue(self.current_stream, op, fn)
+
+    def record_event(self, stream: Optional[Stream] = None) -> Event:
+        stream = stream or self.current_stream
+        if self._capturing is not None:
+            raise RuntimeError("recording an event inside a graph capture is not modelled; record it before replay")
+        event = Event(self._new_event_id())
+        self.tracker.record(event.id, stream.id)
+        self._record(event, stream)
+        return event
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        self.tracker.wait(stream.id, event.id)
+        self._wait(stream, event)
+
+    def wait_stream(self, waiter: Stream, waitee: Stream) -> None:
+        self.tracker.wait_stream(waiter.id, waitee.id)
+        event = Event(self._new_event_id())
+        self._record(event, waitee)
+        self._wait(waiter, event)
+
+    def synchronize(self) -> None:
+        self._synchronize()
+        self.tracker.sync_device()
+
+    # -- graphs ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def capture(self, name: str) -> Iterator[GraphCapture]:
+        if self._capturing is not None:
+            raise RuntimeError("nested graph capture")
+        graph = GraphCapture(name)
+        self._capturing = graph
+        try:
+            yield graph
+        finally:
+            self._capturing = None
+
+    def replay(self, graph: GraphCapture) -> None:
+        """The tracker receives every captured access and edge of this replay (CSAN sees none)."""
+        self.tracker.replay(graph.as_hb(), self.current_stream.id)
+        for node, fn in zip(graph.nodes, graph.fns):
+            if fn is not None:
+                self._issue(self.current_stream, f"{graph.name}/{node.op}", fn)
+
+    # -- what each device implements -----------------------------------------------------------
+
+    def _issue(self, stream: Stream, op: str, fn: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def _record(self, event: Event, stream: Stream) -> None:
+        raise NotImplementedError
+
+    def _wait(self, stream: Stream, event: Event) -> None:
+        raise NotImplementedError
+
+    def _synchronize(self) -> None:
+        raise NotImplementedError
+
+    def delay(self, cycles: int) -> None:
+        """Hold the current stream (CUDA `_sleep`) so that a late read really loses the race."""
+
+    @property
+    def torch_device(self):
+        raise NotImplementedError
+
+    def trace(self) -> list[str]:
+        """The executed order, as `stream:op` lines."""
+        return []

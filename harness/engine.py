@@ -1,0 +1,315 @@
+"""One case, judged: the overlapped run, the barriered reference, and the oracles.
+
+The overlapped run is the loop as SGLang runs it: the schedule stream mutates the shared tables as
+soon as the target's barrier lets it. The barriered run is the same case with the schedule stream
+waiting for the whole forward first. The oracles:
+
+- ``differential``: both runs' outputs (attention, draft outputs, KV pools, backups) equal bit for bit;
+- ``happens-before``: no unordered conflicting access pair in the overlapped run's program;
+- ``policy``: publication as the design says, and the target's own decisions consistent;
+- ``float64``: the barriered attention matches a float64 reference computed from positions;
+- ``kv``: the barriered run wrote exactly the KV entries the batch owns, nothing else;
+- ``execution``: a run that raised, and a planned mutation that never ran.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from harness.case import Case
+from harness.device import OpFailed, make_device
+from harness.errors import HarnessError
+from harness.hb import Conflict
+from harness.model.attention import reference_attention
+from harness.mutator import Mutator
+from harness.policy import expected_publish, graph_bucket, runs_graph
+from harness.world import BatchWorld, PoolSizes, build_world, kv_contents
+
+FLOAT64_ATOL = 1e-4
+FLOAT64_MAX_ROWS = 256  # rows checked per layer on big batches: both ends plus an even sample
+
+
+@dataclass(frozen=True)
+class Finding:
+    oracle: str
+    kind: str
+    message: str
+    batch: int = 0
+    severity: str = "correctness"  # or "performance"
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunRecord:
+    """What one execution of a case produced, batch by batch, copied to the CPU."""
+
+    outputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    notes: list[list[tuple[str, dict]]] = field(default_factory=list)
+    applied: list[list[str]] = field(default_factory=list)
+    worlds: list[BatchWorld] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+    crash: Optional[tuple[int, str]] = None
+    trace: list[str] = field(default_factory=list)
+    schedule: str = ""
+    delays: list[int] = field(default_factory=list)
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    findings: list[Finding]
+    overlapped: RunRecord
+    barriered: RunRecord
+    seconds: float
+    replay: str = ""
+
+
+def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
+            poison_ok: bool = True) -> RunRecord:
+    device = make_device(device_name, schedule=schedule)
+    session = target.open(case, device)
+    sizes = PoolSizes.for_case(case)
+    record = RunRecord()
+    for index, batch in enumerate(case.batches):
+        world = build_world(case, index, sizes)
+        record.worlds.append(world)
+        fb = session.load(world)
+        session.current_batch = fb
+        mutator = Mutator(world, session, device, poison_ok=poison_ok)
+        after_launch = ((lambda: device.wait_stream(device.schedule_stream, device.forward_stream))
+                        if barriered else (lambda: None))
+        try:
+            outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: mutator.issue(batch.mutations),
+                                   after_launch=after_launch)
+            device.synchronize()
+        except OpFailed as exc:
+            record.crash = (index, str(exc))
+        except HarnessError:
+            raise
+        except Exception as exc:  # the target raised on the host: a finding, never a harness traceback
+            record.crash = (index, f"{type(exc).__name__}: {exc}")
+        record.applied.append(list(mutator.applied))
+        record.notes.append(session.probe.take())
+        if record.crash:
+            break
+        captured = {name: t.detach().cpu().clone() for name, t in outputs.items()}
+        captured.update({f"pool.{name}": t.detach().cpu().clone() for name, t in session.kv_state().items()})
+        record.outputs.append(captured)
+    record.conflicts = device.tracker.conflicts
+    record.trace = device.trace()
+    record.schedule = device.forced_string() if hasattr(device, "forced_string") else schedule
+    record.delays = list(device.delays)
+    return record
+
+
+def replay_command(case: Case, *, target: str, device: str, schedule: str, mutant: Optional[str] = None) -> str:
+    parts = ["python", "-m", "harness", "replay", "--target", target]
+    if mutant:
+        parts += ["--mutant", mutant]
+    parts += ["--device", device, "--schedule", schedule, "--case", case.to_json()]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
+             target_spec: str = "reference", mutant: Optional[str] = None) -> CaseResult:
+    case.validate()
+    start = time.perf_counter()
+    poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
+    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok)
+    barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
+    findings = judge(case, overlapped, barriered)
+    result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start)
+    replay_schedule = f"forced:{overlapped.schedule}" if device_name == "cpu" and schedule != "adversarial" else schedule
+    result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule, mutant=mutant)
+    return result
+
+
+# -- the oracles -----------------------------------------------------------------------------------------
+
+def judge(case: Case, overlapped: RunRecord, barriered: RunRecord) -> list[Finding]:
+    findings: list[Finding] = []
+    findings += execution_oracle(case, overlapped, barriered)
+    findings += differential_oracle(overlapped, barriered)
+    findings += hb_oracle(overlapped)
+    findings += policy_oracle(case, overlapped)
+    if barriered.crash is None:
+        findings += float64_oracle(case, barriered)
+        findings += kv_oracle(barriered)
+    return findings
+
+
+def execution_oracle(case: Case, overlapped: RunRecord, barriered: RunRecord) -> list[Finding]:
+    out = []
+    if barriered.crash:
+        batch, message = barriered.crash
+        out.append(Finding("execution", "target-raised", f"the target raised even with a full barrier: {message}", batch))
+    elif overlapped.crash:
+        batch, message = overlapped.crash
+        out.append(Finding("differential", "crash-under-overlap",
+                           f"the overlapped run raised, the barriered run did not: {message}", batch))
+    for index, batch in enumerate(case.batches[: len(overlapped.applied)]):
+        if batch.mutations and not overlapped.applied[index] and not overlapped.crash:
+            out.append(Finding("execution", "mutation-never-ran",
+                               f"batch {index} planned {[m.kind for m in batch.mutations]} but no mutation ran", index))
+    return out
+
+
+def differential_oracle(overlapped: RunRecord, barriered: RunRecord) -> list[Finding]:
+    out = []
+    for index, (a, b) in enumerate(zip(overlapped.outputs, barriered.outputs)):
+        for name in sorted(set(a) | set(b)):
+            if name not in a or name not in b:
+                out.append(Finding("differential", "output-missing", f"output {name!r} exists in only one run", index))
+                continue
+            x, y = a[name], b[name]
+            if x.shape != y.shape or not torch.equal(x, y):
+                out.append(Finding("differential", "output-differs", _describe_difference(name, x, y, barriered.worlds[index]),
+                                   index, details={"tensor": name}))
+    return out
+
+
+def _describe_difference(name: str, x: torch.Tensor, y: torch.Tensor, world: BatchWorld) -> str:
+    if x.shape != y.shape:
+        return f"{name}: shape {tuple(x.shape)} under overlap, {tuple(y.shape)} with the barrier"
+    diff = (x != y) & ~(x.isnan() & y.isnan()) if x.is_floating_point() else x != y
+    first = [int(i) for i in diff.nonzero()[0]]
+    where = f"index {first}"
+    if name in ("attention", "draft_extend"):
+        row = first[1] if name == "attention" else first[0]
+        rows = list(world.token_rows())
+        if row < len(rows):
+            r, pos = rows[row]
+            where = f"request {r} (pool row {world.req_pool_idx[r]}), token row {row} at position {pos}, index {first}"
+    count = int(diff.sum())
+    return (f"{name}: {count} element(s) differ from the barriered run; first at {where}: "
+            f"overlapped {x[tuple(first)].item():.6g}, barriered {y[tuple(first)].item():.6g}")
+
+
+def hb_oracle(run: RunRecord) -> list[Finding]:
+    return [Finding("happens-before", "unordered-access", str(c),
+                    details={"buffer": c.earlier.buffer, "ops": [c.earlier.op, c.later.op]})
+            for c in run.conflicts]
+
+
+def policy_oracle(case: Case, run: RunRecord) -> list[Finding]:
+    out = []
+    for index, notes in enumerate(run.notes):
+        batch = case.batches[index]
+        kinds = [k for k, _ in notes]
+        published = "publish" in kinds
+        if run.crash and run.crash[0] == index and not published:
+            continue
+        want, rule = expected_publish(case, batch)
+        if published and not want:
+            out.append(Finding("policy", "unexpected-publish", f"batch {index} published although {rule}", index))
+        elif want and not published:
+            out.append(Finding("policy", "missed-fast-path",
+                               f"batch {index} should publish ({rule}) but did not: the scheduler falls back to "
+                               "the coarse barrier", index, severity="performance"))
+        out += _decision_checks(case, index, notes, published)
+    return out
+
+
+def _decision_checks(case: Case, index: int, notes, published: bool) -> list[Finding]:
+    out = []
+    batch = case.batches[index]
+    first = {k: d for k, d in reversed(notes)}
+    for kind, data in notes:
+        if kind == "metadata_reuse" and not (data["cache_reset"] and data["flag_reset"]):
+            out.append(Finding("policy", "metadata-not-reset",
+                               f"batch {index}: reused graph metadata kept {'the sparse cache' if not data['cache_reset'] else 'the snapshotted flag'}"
+                               " from an earlier replay", index))
+        if kind == "publish" and data["stream"] != "forward":
+            out.append(Finding("policy", "event-on-wrong-stream",
+                               f"batch {index}: the read-done event was recorded on the {data['stream']} stream", index))
+    if not published:
+        return out
+    if "snapshot" not in first:
+        out.append(Finding("policy", "publish-without-snapshot",
+                           f"batch {index} published but the backend never built its snapshot", index))
+        return out
+    snap, fwd = first["snapshot"], first.get("forward")
+    if fwd is not None and snap["sparse"] != fwd["sparse"]:
+        out.append(Finding("policy", "sparse-decision-disagrees",
+                           f"batch {index}: the snapshot decided {'sparse' if snap['sparse'] else 'dense'} at "
+                           f"{snap['num_qo_tokens']} tokens, the forward {'sparse' if fwd['sparse'] else 'dense'} "
+                           f"at {fwd['rows']} rows", index))
+    if fwd is not None and snap["num_qo_tokens"] != fwd["rows"]:
+        out.append(Finding("policy", "snapshot-geometry",
+                           f"batch {index}: snapshot built for {snap['num_qo_tokens']} query rows, the forward runs "
+                           f"{fwd['rows']}" + (" (graph replay must snapshot at the padded bucket)" if runs_graph(batch) else ""),
+                           index))
+    for kind, data in notes:
+        if kind in ("lazy_build", "swa_loc_fallback"):
+            out.append(Finding("policy", "read-after-publish",
+                               f"batch {index}: {kind.replace('_', ' ')} read the live tables after the event was published",
+                               index))
+    return out
+
+
+def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
+    out = []
+    for index, outputs in enumerate(run.outputs):
+        world = run.worlds[index]
+        if "attention" not in outputs or world.num_tokens == 0:
+            continue
+        got = outputs["attention"]
+        rows = _rows_to_check(world.num_tokens)
+        for layer in range(len(case.dims.layer_ratios)):
+            want = reference_attention(world, layer, rows=rows)
+            err = (got[layer, rows].double() - want).abs()
+            worst = float(err.max()) if err.numel() else 0.0
+            if not worst <= FLOAT64_ATOL:  # NaN fails too
+                flat = int(err.flatten().nan_to_num(float("inf")).argmax())
+                row = rows[flat // (err.shape[1] * err.shape[2])]
+                r, pos = list(world.token_rows())[row]
+                out.append(Finding("float64", "attention-mismatch",
+                                   f"batch {index} layer {layer} (ratio {case.dims.layer_ratios[layer]}): max error "
+                                   f"{worst:.3g} > {FLOAT64_ATOL} at token row {row} (request {r}, position {pos})", index))
+                break
+    return out
+
+
+def _rows_to_check(total: int) -> list[int]:
+    if total <= FLOAT64_MAX_ROWS:
+        return list(range(total))
+    step = total / (FLOAT64_MAX_ROWS - 2)
+    return sorted({0, total - 1, *(int(i * step) for i in range(FLOAT64_MAX_ROWS - 2))})
+
+
+def kv_oracle(run: RunRecord) -> list[Finding]:
+    out = []
+    for index, outputs in enumerate(run.outputs):
+        expected = kv_contents(run.worlds[index], after_forward=True)
+        for name, entries in expected.items():
+            got = outputs[f"pool.{name}"]
+            want = torch.zeros_like(got)
+            for key, value in entries.items():
+                want[key] = value
+            diff = got != want
+            if got.dim() == 3:
+                diff[:, 0] = False  # the dummy slot 0 takes padded and cleared writes
+            else:
+                diff[0] = False
+            if bool(diff.any()):
+                first = [int(i) for i in diff.nonzero()[0]]
+                slot = first[1] if got.dim() == 3 else first[0]
+                owned = any((k[1] if isinstance(k, tuple) else k) == slot for k in entries)
+                out.append(Finding("kv", "wrong-kv-slot" if owned else "foreign-kv-write",
+                                   f"batch {index}: {name} at {first} "
+                                   f"{'holds a wrong value' if owned else 'was written although the batch does not own it'}"
+                                   f" ({int(diff.sum())} element(s) in all)", index))
+    return out
+
+
+def summarize(findings: list[Finding]) -> dict[str, Any]:
+    by = {}
+    for f in findings:
+        by.setdefault(f.oracle, 0)
+        by[f.oracle] += 1
+    return by

@@ -1,0 +1,89 @@
+"""Sparse attention over combined index rows, and the float64 reference computed from positions.
+
+DSV4: one 512-wide latent head where K equals V, a per-head learned sink that joins the softmax as a
+virtual key of value 0, and -1 entries in an index row skipped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ROW_CHUNK = 2048  # rows per step, so real-size inputs (tens of thousands of tokens) fit in memory
+
+
+def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q [T, H, D], kv [N, D], indices [T, W] (-1 = skip), sink [H] -> out [T, H, D]. Deterministic."""
+    out = torch.empty_like(q)
+    for start in range(0, q.shape[0], ROW_CHUNK):
+        stop = min(start + ROW_CHUNK, q.shape[0])
+        idx = indices[start:stop].long()
+        valid = idx >= 0
+        keys = kv[idx.clamp(min=0)]  # [t, W, D]
+        scores = torch.einsum("thd,twd->thw", q[start:stop], keys) * scale
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        sink_col = sink[None, :, None].expand(stop - start, -1, 1).to(scores.dtype)
+        probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
+        out[start:stop] = torch.einsum("thw,twd->thd", probs, keys)
+    return out
+
+
+def reference_attention(world, layer: int, rows: list[int] | None = None) -> torch.Tensor:
+    """Float64 attention of one layer for every real query row, straight from positions and latents.
+
+    It never touches req_to_token, the SWA mapping, page tables or index rows, so it checks them.
+    """
+    dims = world.dims
+    ratio = dims.layer_ratios[layer]
+    scale = dims.head_dim ** -0.5
+    sink = world.sink[layer].double()
+    wanted = None if rows is None else set(rows)
+    rows = []
+    for t, (r, pos) in enumerate(world.token_rows()):
+        if wanted is not None and t not in wanted:
+            continue
+        lat = world.latents[r][layer].double()
+        swa_len = min(pos + 1, dims.swa_window)
+        keys = [lat[pos - swa_len + 1:pos + 1]]
+        if ratio:
+            visible = (pos + 1) // ratio
+            if ratio == 4:
+                chosen = indexer_topk(world, r, t, visible)
+            else:
+                chosen = list(range(visible))
+            if chosen:
+                keys.insert(0, torch.stack([world.compressed(r, layer, ratio, b).double() for b in chosen]))
+        k = torch.cat(keys)
+        q = world.q[layer, t].double()
+        scores = (q @ k.T) * scale
+        weights = torch.exp(scores - torch.maximum(scores.max(dim=1).values, sink)[:, None])
+        norm = weights.sum(dim=1) + torch.exp(sink - torch.maximum(scores.max(dim=1).values, sink))
+        rows.append((weights / norm[:, None]) @ k)
+    if not rows:
+        return torch.zeros(0, dims.heads, dims.head_dim, dtype=torch.float64)
+    return torch.stack(rows)
+
+
+def indexer_topk(world, r: int, t: int, visible: int) -> list[int]:
+    """The indexer's choice: top-k scores, ties to the lower block; all blocks when few are visible.
+
+    Keys and queries are small integers, so float32 and float64 agree exactly on every score.
+    """
+    topk = world.dims.index_topk
+    if visible <= topk:
+        return list(range(visible))
+    scores = [float(world.q_index[t] @ world.index_keys[r][b]) for b in range(visible)]
+    order = sorted(range(visible), key=lambda b: (-scores[b], b))
+    return sorted(order[:topk])
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    return float((a.double() - b.double()).abs().max())
+
+
+def ceil_align(value: int, align: int) -> int:
+    return int(math.ceil(value / align) * align)

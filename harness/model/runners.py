@@ -1,0 +1,274 @@
+"""The publisher, the eager runner, the prefill graph runner, and the model runner that owns them."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+from typing import Optional
+
+import torch
+
+from harness.model.backend import DeepseekV4AttnBackend, swa_window_indices
+from harness.model.enums import ForwardMode, SharedReadEnds
+from harness.model.metadata import DSV4Metadata
+from harness.model.pools import ForwardBatch
+
+_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR = 2
+
+
+def generate_prefill_cuda_graph_batch_sizes(max_bs: int) -> list[int]:
+    """SGLang's default prefill buckets (aggregate token counts), capped at max_bs."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
+    return [s for s in sizes if s <= max_bs]
+
+
+# -- publication -------------------------------------------------------------------------------------
+
+def maybe_publish_prefill_shared_read_done(model_runner, shared_read_ends: SharedReadEnds, device) -> None:
+    """0.5.23: record the event on the current stream when the resolved ends allow it."""
+    if shared_read_ends is not SharedReadEnds.PRE_REPLAY:
+        return
+    if not model_runner.spec_algorithm.supports_prefill_shared_read_done():
+        return
+    if model_runner.flags.offloads_kv():  # host/storage offload is ordered only behind the schedule stream
+        return
+    _publish(model_runner, device)
+
+
+def maybe_publish_prefill_shared_read_done_pr(model_runner, forward_batch: ForwardBatch, device) -> None:
+    """PR-era publisher (#35947 as merged), plus the later KV-offload gate (see DESIGN.md)."""
+    if not model_runner.flags.prefill_read_done_enabled("pr"):
+        return
+    if forward_batch.forward_mode is not ForwardMode.EXTEND:
+        return
+    spec = model_runner.spec_algorithm
+    if not spec.is_none() and not spec.is_dflash_family():
+        return
+    if model_runner.attn_backend.shared_read_ends(forward_batch.forward_mode) is not SharedReadEnds.PRE_REPLAY:
+        return
+    if model_runner.flags.offloads_kv():
+        return
+    _publish(model_runner, device)
+
+
+def _publish(model_runner, device) -> None:
+    read_done = device.record_event()
+    model_runner.shared_read_done_event = read_done
+    model_runner.probe.note("publish", stream=device.current_stream.name, event=read_done.id)
+
+
+# -- runners -------------------------------------------------------------------------------------------
+
+class EagerRunner:
+    def __init__(self, model_runner):
+        self.model_runner = model_runner
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        mr = self.model_runner
+        backend = mr.attn_backend
+        backend.init_forward_metadata(fb)
+        if mr.semantics == "pr":
+            backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=len(fb.input_ids))
+            mr.publish_pr(mr, fb, mr.device)
+        else:
+            ends = backend.resolve_prefill_shared_read_ends(fb, num_qo_tokens=len(fb.input_ids))
+            mr.publish(mr, ends, mr.device)
+        return mr.run_model(fb)
+
+
+class PrefillGraphRunner:
+    """Replays at the smallest bucket >= the token count, refusing beyond 2x padding.
+
+    `contract="fresh"`: no captured-metadata contract; fresh metadata is copied into the bucket's
+    static metadata and the snapshot is built at the padded count. `contract="bcg"`: DSV4's
+    breakable-graph captured-metadata contract; refresh, no snapshot, so EXTEND stays UNKNOWN.
+    The captured part of each layer is the store of compressed entries, which reads its out_loc
+    tensors by address.
+    """
+
+    def __init__(self, model_runner, *, contract: str = "fresh", max_bs: int = 2048):
+        self.model_runner = model_runner
+        self.contract = contract
+        self.capture_bs = generate_prefill_cuda_graph_batch_sizes(max_bs)
+        self.static_metadata: dict[int, DSV4Metadata] = {}
+        self.graphs: dict[int, list] = {}
+        self.static_inputs: dict[int, ForwardBatch] = {}
+
+    def _load_static_inputs(self, bucket: int, padded: ForwardBatch) -> None:
+        """load_batch: the captured kernels read the bucket's static input buffers."""
+        static = self.static_inputs[bucket]
+
+        def load():
+            static.compressed_new.copy_(padded.compressed_new)
+            static.index_k_new.copy_(padded.index_k_new)
+
+        self.model_runner.device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
+
+    def _pad_to_bucket(self, num_tokens: int) -> Optional[int]:
+        i = bisect.bisect_left(self.capture_bs, num_tokens)
+        return self.capture_bs[i] if i < len(self.capture_bs) else None
+
+    def can_run_graph(self, num_tokens: int) -> bool:
+        bucket = self._pad_to_bucket(num_tokens)
+        return bucket is not None and bucket <= _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR * num_tokens
+
+    def execute(self, fb: ForwardBatch) -> torch.Tensor:
+        mr = self.model_runner
+        bucket = self._pad_to_bucket(fb.num_tokens)
+        padded = pad_forward_batch(fb, bucket)
+        mr.probe.note("graph_replay", bucket=bucket, tokens=fb.num_tokens)
+        if bucket not in self.static_metadata:
+            self._capture(bucket, padded)
+        self._load_static_inputs(bucket, padded)
+        static = self.static_metadata[bucket]
+        if mr.semantics == "pr":
+            self._prepare_forward_metadata_for_replay(padded, static)
+            if self.contract == "fresh":
+                mr.attn_backend.prepare_prefill_shared_read_snapshot(padded, num_qo_tokens=bucket)
+            mr.publish_pr(mr, padded, mr.device)
+        else:
+            self._prepare_forward_metadata_for_replay(padded, static)
+            ends = mr.attn_backend.resolve_prefill_shared_read_ends(
+                padded, num_qo_tokens=bucket, build_snapshot=self.contract == "fresh")
+            mr.publish(mr, ends, mr.device)
+        out = mr.run_model(padded, store_compressed=lambda layer: mr.device.replay(self.graphs[bucket][layer]))
+        return out[:, : fb.num_tokens]
+
+    def _capture(self, bucket: int, padded: ForwardBatch) -> None:
+        mr = self.model_runner
+        backend = mr.attn_backend
+        static = DSV4Metadata(backend.build_core_metadata(padded))
+        self.static_metadata[bucket] = static
+        self.static_inputs[bucket] = static_fb = replace(
+            padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
+        graphs = []
+        for layer in range(len(mr.dims.layer_ratios)):
+            with mr.device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
+                backend.store_compressed(static_fb, layer, static.core_attn_metadata)
+            graphs.append(graph)
+        self.graphs[bucket] = graphs
+
+    def _prepare_forward_metadata_for_replay(self, padded: ForwardBatch, static: DSV4Metadata) -> None:
+        mr = self.model_runner
+        backend = mr.attn_backend
+        fresh = DSV4Metadata(backend.build_core_metadata(padded))
+        op = "metadata.copy_" if self.contract == "fresh" else "metadata.refresh_"
+
+        def launch(fn):
+            mr.device.launch(op, fn, reads={"meta.fresh": None}, writes={"meta.static": None})
+
+        if self.contract == "fresh":
+            static.copy_(fresh, launch)
+        else:
+            static.refresh_for_breakable_cuda_graph_replay_(fresh, launch)
+            dst, src = static.core_attn_metadata.swa_out_cache_loc, fresh.core_attn_metadata.swa_out_cache_loc
+            mr.device.launch("metadata.swa_out_cache_loc.copy_", lambda: dst.copy_(src),
+                             reads={"meta.fresh": None}, writes={"meta.static": None})
+        mr.probe.note("metadata_reuse", cache_reset=static.sparse_prefill_cache is None,
+                      flag_reset=not static.prefill_shared_reads_snapshotted)
+        backend.forward_metadata = static
+
+
+def pad_forward_batch(fb: ForwardBatch, bucket: int) -> ForwardBatch:
+    """SGLang's padding: query position 0, out_cache_loc 0 (the dummy slot), the last request's row."""
+    pad = bucket - fb.num_tokens
+    if pad == 0:
+        return replace(fb, num_token_non_padded=fb.num_tokens)
+
+    def rows(t: torch.Tensor, value=0) -> torch.Tensor:
+        extra = torch.full((pad, *t.shape[1:]), value, dtype=t.dtype, device=t.device)
+        return torch.cat([t, extra])
+
+    def layered(t: torch.Tensor) -> torch.Tensor:
+        extra = torch.zeros((t.shape[0], pad, *t.shape[2:]), dtype=t.dtype, device=t.device)
+        return torch.cat([t, extra], dim=1)
+
+    return replace(
+        fb, positions=rows(fb.positions), out_cache_loc=rows(fb.out_cache_loc, PADDED_OUT_CACHE_LOC),
+        input_ids=rows(fb.input_ids), q=layered(fb.q), kv_new=layered(fb.kv_new),
+        compressed_new=layered(fb.compressed_new), index_k_new=rows(fb.index_k_new), q_index=rows(fb.q_index),
+        num_token_non_padded=fb.num_tokens, row_req=fb.row_req + [fb.row_req[-1]] * pad,
+    )
+
+
+PADDED_OUT_CACHE_LOC = 0  # PaddingPolicy.ZERO: padded rows write to the reserved dummy slot
+
+
+class ModelRunner:
+    """Owns the pools, the backend, both runners and the event mailbox the scheduler reads."""
+
+    backend_cls = DeepseekV4AttnBackend
+    publish = staticmethod(maybe_publish_prefill_shared_read_done)
+    publish_pr = staticmethod(maybe_publish_prefill_shared_read_done_pr)
+
+    def __init__(self, *, device, flags, semantics, spec_algorithm, dims, req_to_token_pool, token_to_kv_pool,
+                 sink, probe, graph_contract="fresh"):
+        self.device, self.flags, self.semantics = device, flags, semantics
+        self.spec_algorithm, self.dims, self.sink, self.probe = spec_algorithm, dims, sink, probe
+        self.req_to_token_pool, self.token_to_kv_pool = req_to_token_pool, token_to_kv_pool
+        self.shared_read_done_event = None
+        self.attn_backend = self.backend_cls(self)
+        self.eager_runner = EagerRunner(self)
+        self.graph_runner = PrefillGraphRunner(self, contract=graph_contract)
+        tdev = token_to_kv_pool.swa_kv.device
+        self.draft_kv = torch.zeros(token_to_kv_pool.swa_size, dims.head_dim, device=tdev)
+
+    def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
+        self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
+        if fb.forward_mode.is_idle():
+            return {}
+        if graph and self.graph_runner.can_run_graph(fb.num_tokens):
+            out = self.graph_runner.execute(fb)
+        else:
+            out = self.eager_runner.forward(fb)
+        outputs = {"attention": out}
+        outputs.update(self.run_speculative_tail(fb))
+        return outputs
+
+    def run_model(self, fb: ForwardBatch, store_compressed=None) -> torch.Tensor:
+        dims = self.dims
+        out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
+                          device=self.token_to_kv_pool.swa_kv.device)
+        self.device.delay(self.delay_cycles)
+        self.attn_backend.forward_layers(fb, out, store_compressed=store_compressed)
+        return out
+
+    delay_cycles = 0
+
+    def run_speculative_tail(self, fb: ForwardBatch) -> dict[str, torch.Tensor]:
+        """What runs after target prefill: EAGLE-family draft extend re-reads the tables (a later
+        reader); DFLASH-family draft KV inject writes at locations snapshotted before the event."""
+        spec, dev = self.spec_algorithm, self.device
+        core = self.attn_backend.forward_metadata.core_attn_metadata
+        pool = self.token_to_kv_pool
+        if spec.is_dflash_family():
+            loc = core.swa_out_cache_loc[: fb.num_tokens]
+            dev.launch("draft_kv_inject", lambda: self.draft_kv.index_copy_(0, loc, fb.kv_new[0]),
+                       reads={"meta.swa_out_cache_loc": None}, writes={"draft_kv": None})
+            return {"draft_kv": self.draft_kv}
+        if not spec.is_eagle_family():
+            return {}
+        r2t, f2s = self.req_to_token_pool.req_to_token, pool.full_to_swa_index_mapping
+        rows = fb.num_tokens
+        row_req = torch.tensor(fb.row_req[:rows], dtype=torch.int64, device=r2t.device)
+        indices = torch.empty(rows, self.dims.swa_window, dtype=torch.int64, device=r2t.device)
+        draft_out = torch.zeros(rows, self.dims.heads, self.dims.head_dim, device=r2t.device)
+
+        def draft_metadata():
+            rpi = fb.req_pool_indices.long()[row_req]
+            indices.copy_(swa_window_indices(r2t, f2s, rpi, fb.positions[:rows], self.dims.swa_window)[0])
+
+        def draft_attention():
+            from harness.model.attention import sparse_attention
+
+            draft_out.copy_(sparse_attention(fb.q[0, :rows], pool.swa_kv[0], indices, self.sink[0],
+                                             self.dims.head_dim ** -0.5))
+
+        dev.launch("draft_extend.init_forward_metadata", draft_metadata,
+                   reads={"req_to_token": frozenset(fb.req_pool_indices_cpu), "full_to_swa": None,
+                          "fb.req_pool_indices": None, "fb.positions": None},
+                   writes={"draft_meta": None})
+        dev.launch("draft_extend.attention", draft_attention, reads={"swa_kv[0]": None, "draft_meta": None},
+                   writes={"draft_out": None})
+        return {"draft_extend": draft_out}

@@ -1,0 +1,50 @@
+"""The publication policy, written down once, independently of any target's code.
+
+`expected_publish` is what SGLang's design says must happen for a batch; the policy oracle compares
+it with what the target did. Publishing where it must not is a correctness risk; not publishing
+where it should is a lost fast path (a performance regression, #34816).
+"""
+
+from __future__ import annotations
+
+from harness.case import Batch, Case
+from harness.model.enums import ForwardMode
+from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
+
+GRAPH_MAX_BS = 2048
+
+
+def graph_bucket(num_tokens: int) -> int | None:
+    """The replay bucket, or None when the graph runner must refuse (beyond 2x padding or the max)."""
+    for size in generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS):
+        if size >= num_tokens:
+            return size if size <= 2 * num_tokens else None
+    return None
+
+
+def runs_graph(batch: Batch) -> bool:
+    return batch.graph and batch.mode is not ForwardMode.IDLE and graph_bucket(batch.num_tokens) is not None
+
+
+def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
+    """(publish?, the rule that decided)."""
+    flags, spec = case.flags, case.spec
+    if batch.mode is not ForwardMode.EXTEND:
+        return False, f"mode {batch.mode.name} is not EXTEND"
+    if not flags.prefill_read_done_enabled(case.semantics):
+        return False, "SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
+    if flags.SGLANG_FORCE_COARSE_WAR_BARRIER:
+        return False, "SGLANG_FORCE_COARSE_WAR_BARRIER is set"
+    if flags.cp_active:
+        return False, "CP is active (rank-local query geometry)"
+    if flags.hisparse:
+        return False, "HiSparse translates through full_to_hisparse in every layer"
+    if flags.offloads_kv():
+        return False, "hierarchical cache / storage / LMCache offload is on"
+    if case.semantics == "pr" and not spec.is_dflash_family():
+        return False, f"PR-era: spec {spec.name} is not DFLASH-family"
+    if not spec.supports_prefill_shared_read_done():
+        return False, f"spec {spec.name} has a later reader (draft extend) or is not audited"
+    if runs_graph(batch) and case.graph_contract == "bcg":
+        return False, "breakable-graph captured-metadata replay builds no snapshot"
+    return True, "EXTEND with the snapshot built, no gate closed"
