@@ -108,12 +108,12 @@ class Mutator:
         spare = list(w.spare_swa) or [1]
         idx = torch.tensor(slots, dtype=torch.int64).to(self._tdev())
         val = torch.tensor([self.rng.choice(spare) for _ in slots], dtype=torch.int64).to(self._tdev())
-        row_vals = torch.tensor(slots, dtype=r2t.dtype).to(self._tdev())
+        row_vals = torch.tensor(slots[: r2t.shape[1]], dtype=r2t.dtype).to(self._tdev())
 
         def realloc():
             f2s.index_fill_(0, idx, 0)
             f2s.index_copy_(0, idx, val)
-            r2t[row, : len(slots)].copy_(row_vals)
+            r2t[row, : row_vals.shape[0]].copy_(row_vals)
 
         self._launch(f"kv_realloc({len(slots)} slots -> row {row})", realloc,
                      {"full_to_swa": frozenset(slots), "req_to_token": frozenset({row})})

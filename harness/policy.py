@@ -33,7 +33,8 @@ def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
         return False, f"mode {batch.mode.name} is not EXTEND"
     if not flags.prefill_read_done_enabled(case.semantics):
         return False, "SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
-    if flags.SGLANG_FORCE_COARSE_WAR_BARRIER:
+    if flags.SGLANG_FORCE_COARSE_WAR_BARRIER and case.semantics != "pr":
+        # PR-era: the event is still recorded; the scheduler ignores it under the coarse flag.
         return False, "SGLANG_FORCE_COARSE_WAR_BARRIER is set"
     if flags.cp_active:
         return False, "CP is active (rank-local query geometry)"

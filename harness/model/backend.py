@@ -123,8 +123,10 @@ class DeepseekV4AttnBackend(AttentionBackend):
 
     # -- metadata init -----------------------------------------------------------------------------
 
+    metadata_cls = DSV4Metadata
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        self.forward_metadata = DSV4Metadata(self.build_core_metadata(forward_batch))
+        self.forward_metadata = self.metadata_cls(self.build_core_metadata(forward_batch))
 
     def build_core_metadata(self, fb: ForwardBatch) -> DSV4AttnMetadata:
         dims, dev = self.dims, self.device
@@ -310,6 +312,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         if loc is not None and loc.shape[0] == fb.out_cache_loc.shape[0]:
             return loc
         f2s = self.token_to_kv_pool.full_to_swa_index_mapping
+        self.probe.note("swa_loc_fallback")
         fresh = torch.empty_like(fb.out_cache_loc)
         self.device.launch("get_swa_out_cache_loc.retranslate", lambda: fresh.copy_(f2s[fb.out_cache_loc]),
                            reads={"full_to_swa": None, "fb.out_cache_loc": None}, writes={"tmp.swa_loc": None})

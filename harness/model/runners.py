@@ -116,7 +116,7 @@ class PrefillGraphRunner:
     def execute(self, fb: ForwardBatch) -> torch.Tensor:
         mr = self.model_runner
         bucket = self._pad_to_bucket(fb.num_tokens)
-        padded = pad_forward_batch(fb, bucket)
+        padded = self._pad(fb, bucket)
         mr.probe.note("graph_replay", bucket=bucket, tokens=fb.num_tokens)
         if bucket not in self.static_metadata:
             self._capture(bucket, padded)
@@ -135,10 +135,13 @@ class PrefillGraphRunner:
         out = mr.run_model(padded, store_compressed=lambda layer: mr.device.replay(self.graphs[bucket][layer]))
         return out[:, : fb.num_tokens]
 
+    def _pad(self, fb: ForwardBatch, bucket: int) -> ForwardBatch:
+        return pad_forward_batch(fb, bucket)
+
     def _capture(self, bucket: int, padded: ForwardBatch) -> None:
         mr = self.model_runner
         backend = mr.attn_backend
-        static = DSV4Metadata(backend.build_core_metadata(padded))
+        static = backend.metadata_cls(backend.build_core_metadata(padded))
         self.static_metadata[bucket] = static
         self.static_inputs[bucket] = static_fb = replace(
             padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
@@ -152,7 +155,7 @@ class PrefillGraphRunner:
     def _prepare_forward_metadata_for_replay(self, padded: ForwardBatch, static: DSV4Metadata) -> None:
         mr = self.model_runner
         backend = mr.attn_backend
-        fresh = DSV4Metadata(backend.build_core_metadata(padded))
+        fresh = backend.metadata_cls(backend.build_core_metadata(padded))
         op = "metadata.copy_" if self.contract == "fresh" else "metadata.refresh_"
 
         def launch(fn):
@@ -199,6 +202,8 @@ class ModelRunner:
     """Owns the pools, the backend, both runners and the event mailbox the scheduler reads."""
 
     backend_cls = DeepseekV4AttnBackend
+    eager_runner_cls = EagerRunner
+    graph_runner_cls = PrefillGraphRunner
     publish = staticmethod(maybe_publish_prefill_shared_read_done)
     publish_pr = staticmethod(maybe_publish_prefill_shared_read_done_pr)
 
@@ -209,8 +214,8 @@ class ModelRunner:
         self.req_to_token_pool, self.token_to_kv_pool = req_to_token_pool, token_to_kv_pool
         self.shared_read_done_event = None
         self.attn_backend = self.backend_cls(self)
-        self.eager_runner = EagerRunner(self)
-        self.graph_runner = PrefillGraphRunner(self, contract=graph_contract)
+        self.eager_runner = self.eager_runner_cls(self)
+        self.graph_runner = self.graph_runner_cls(self, contract=graph_contract)
         tdev = token_to_kv_pool.swa_kv.device
         self.draft_kv = torch.zeros(token_to_kv_pool.swa_size, dims.head_dim, device=tdev)
 

@@ -1,0 +1,134 @@
+"""The fuzz campaign: hypothesis draws cases, every case is judged, a failure shrinks and replays.
+
+Profiles (`settings.register_profile`): ``dev`` (small, local database), ``ci`` (derandomized, no
+deadline, 200 examples), ``nightly`` (large and random). The example database lives in the report
+folder, so a nightly failure replays from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from harness.engine import CaseResult, Finding, run_case
+from harness.errors import InvalidArgument
+from harness.strategies import cases, schedules
+
+PROFILES = {
+    "dev": dict(max_examples=50, derandomize=False),
+    "ci": dict(max_examples=200, derandomize=True),
+    "nightly": dict(max_examples=5000, derandomize=False),
+}
+
+
+class FindingRaised(AssertionError):
+    """Raised inside the hypothesis test so that it shrinks the case; carries the judged result."""
+
+    def __init__(self, result: CaseResult):
+        first = result.findings[0]
+        super().__init__(f"{first.oracle}/{first.kind}: {first.message}\nreplay: {result.replay}")
+        self.result = result
+
+
+@dataclass
+class CampaignResult:
+    target: str
+    device: str
+    semantics: str
+    seed: Optional[int]
+    profile: str
+    cases: int = 0
+    duration_s: float = 0.0
+    first_detection_examples: Optional[int] = None
+    first_detection_seconds: Optional[float] = None
+    minimal: Optional[CaseResult] = None
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.minimal.findings if self.minimal else []
+
+    def summary(self) -> dict:
+        case = self.minimal.case if self.minimal else None
+        return {
+            "target": self.target, "device": self.device, "semantics": self.semantics, "seed": self.seed,
+            "profile": self.profile, "cases": self.cases, "duration_s": round(self.duration_s, 3),
+            "cases_per_second": round(self.cases / self.duration_s, 2) if self.duration_s else None,
+            "first_detection": None if self.first_detection_examples is None else {
+                "examples": self.first_detection_examples, "seconds": round(self.first_detection_seconds, 3)},
+            "findings": [
+                {**dataclasses.asdict(f), "case": json.loads(case.to_json()), "case_summary": case.summary(),
+                 "replay": self.minimal.replay}
+                for f in self.findings
+            ],
+        }
+
+
+def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu", semantics: str = "0.5.23",
+                 examples: Optional[int] = None, seed: Optional[int] = None, profile: str = "ci",
+                 database_dir: Optional[Path] = None, mutant: Optional[str] = None,
+                 on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True) -> CampaignResult:
+    if profile not in PROFILES:
+        raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
+    if examples is not None and examples < 1:
+        raise InvalidArgument(f"--examples={examples}: must be >= 1")
+    base = dict(PROFILES[profile])
+    if examples is not None:
+        base["max_examples"] = examples
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
+    db = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir else None
+    result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile)
+    start = time.perf_counter()
+
+    @settings(deadline=None, database=db, phases=phases, print_blob=False,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
+    @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
+    def campaign_case(case, schedule):
+        judged = run_case(target, case, device, schedule=schedule, target_spec=target_spec, mutant=mutant)
+        found = bool(judged.findings)
+        if result.first_detection_examples is None:
+            result.cases += 1
+            result.outcomes.append((time.perf_counter() - start, found))
+            on_case(result)
+            if found:
+                result.first_detection_examples = result.cases
+                result.first_detection_seconds = time.perf_counter() - start
+        if found:
+            raise FindingRaised(judged)
+
+    if seed is not None:
+        campaign_case = _seeded(campaign_case, seed)
+    try:
+        campaign_case()
+    except FindingRaised as raised:
+        result.minimal = raised.result
+    result.duration_s = time.perf_counter() - start
+    return result
+
+
+def _adversarial():
+    from hypothesis import strategies as st
+
+    return st.just("adversarial")
+
+
+def _seeded(test, seed: int):
+    from hypothesis import seed as hypothesis_seed
+
+    return hypothesis_seed(seed)(test)
+
+
+def write_json_atomically(path: Path, data) -> None:
+    """A killed run never leaves a half-written file that looks whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,108 @@
+"""Hypothesis strategies for cases: small by default, with branches that reach SGLang's real sizes
+(the 11673-token sparse threshold and the graph bucket edges) and shrink toward one or two requests."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from harness.case import MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
+from harness.errors import InvalidArgument
+from harness.model.enums import ForwardMode, SpeculativeAlgorithm
+from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
+
+S = SpeculativeAlgorithm
+_SPECS = {
+    "0.5.23": [S.NONE, S.NONE, S.DFLASH, S.DSPARK, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
+    "pr": [S.DFLASH, S.DFLASH, S.DSPARK, S.NONE, S.EAGLE, S.NEXTN, S.NGRAM],
+}
+_MODES = [ForwardMode.EXTEND] * 6 + [ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
+                                    ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.IDLE]
+_LAYERS = [(0, 4, 128), (0, 4), (4,), (0,), (128, 0)]
+
+
+def _rare(weight: int = 8):
+    """False most of the time: a switch that closes a gate should not hide every other path."""
+    return st.sampled_from([False] * (weight - 1) + [True])
+
+
+@st.composite
+def flags(draw, semantics: str) -> Flags:
+    enable = draw(st.sampled_from([True] * 6 + [None, False]) if semantics == "pr"
+                  else st.sampled_from([None] * 6 + [True, False]))
+    return Flags(
+        SGLANG_ENABLE_PREFILL_WAR_READ_DONE=enable,
+        SGLANG_FORCE_COARSE_WAR_BARRIER=draw(_rare(12)),
+        SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=draw(st.booleans()),
+        cp_active=draw(_rare(10)), hisparse=draw(_rare(10)), hierarchical_cache=draw(_rare(12)),
+        hicache_storage=draw(_rare(20)), lmcache=draw(_rare(20)),
+    )
+
+
+@st.composite
+def mutations(draw, *, hisparse: bool) -> tuple[Mutation, ...]:
+    kinds = [k for k in MUTATION_KINDS if k != "hisparse_evict" or hisparse]
+    out = draw(st.lists(st.builds(
+        Mutation, kind=st.sampled_from(kinds), target=st.sampled_from(["batch", "batch", "batch", "other"]),
+        count=st.integers(1, 6), poison=_rare(4)), min_size=1, max_size=3))
+    return tuple(out)
+
+
+def requests(max_requests: int = 4, max_prefix: int = 48, max_extend: int = 24):
+    return st.lists(st.builds(Request, prefix_len=st.integers(0, max_prefix), extend_len=st.integers(1, max_extend)),
+                    min_size=1, max_size=max_requests).map(tuple)
+
+
+@st.composite
+def batch(draw, *, hisparse: bool, reqs=None) -> Batch:
+    mode = draw(st.sampled_from(_MODES))
+    if reqs is None:
+        reqs = draw(st.one_of(requests(), requests(max_requests=2, max_prefix=300, max_extend=40)))
+    muts = draw(mutations(hisparse=hisparse))
+    if mode is ForwardMode.IDLE:  # nothing in flight: the scheduler still rewrites rows of other requests
+        reqs = ()
+        muts = (Mutation("req_to_token_rewrite", target="other"),)
+    elif mode is ForwardMode.MIXED and all(r.extend_len > 1 for r in reqs):
+        reqs = reqs + (Request(draw(st.integers(1, 40)), 1),)  # a running decode request mixed in
+    return Batch(mode=mode, requests=reqs, graph=draw(st.booleans()), mutations=muts)
+
+
+@st.composite
+def threshold_batch(draw, *, hisparse: bool) -> Batch:
+    """Exactly around SGLang's sparse threshold, where the snapshot and the forward must agree."""
+    total = _LARGE_INDEXER_QUERY_THRESHOLD + draw(st.integers(-1, 2))
+    first = draw(st.integers(1, total - 1))
+    return Batch(mode=ForwardMode.EXTEND, requests=(Request(0, first), Request(draw(st.integers(0, 8)), total - first)),
+                 graph=False, mutations=draw(mutations(hisparse=hisparse)))
+
+
+@st.composite
+def cases(draw, semantics: str = "0.5.23", *, large: bool = True) -> Case:
+    """A case; `large` lets a few examples reach the real 11673-token threshold."""
+    if semantics not in _SPECS:
+        raise InvalidArgument(f"semantics={semantics!r} is not one of: {', '.join(_SPECS)}")
+    f = draw(flags(semantics))
+    spec = draw(st.sampled_from(_SPECS[semantics]))
+    if large and draw(_rare(16)):
+        f = Flags(**{**f.__dict__, "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL": False})
+        dims = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,))
+        return Case(semantics=semantics, spec=spec, flags=f, dims=dims,
+                    batches=(draw(threshold_batch(hisparse=f.hisparse)),), data_seed=draw(st.integers(0, 2**16)))
+    dims = Dims(
+        heads=draw(st.sampled_from([1, 2])), head_dim=draw(st.sampled_from([4, 8])),
+        swa_window=draw(st.sampled_from([4, 8, 16])), index_topk=draw(st.sampled_from([2, 4])),
+        index_dim=4, page_size=draw(st.sampled_from([1, 2, 4, 8, 16])), layer_ratios=draw(st.sampled_from(_LAYERS)),
+    )
+    first = draw(batch(hisparse=f.hisparse))
+    batches = [first]
+    if draw(_rare(3)):  # a second batch, often the same geometry so graph replays reuse the bucket
+        same = first.requests if first.requests and draw(st.booleans()) else None
+        batches.append(draw(batch(hisparse=f.hisparse, reqs=same)))
+    return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
+                graph_contract=draw(st.sampled_from(["fresh", "fresh", "bcg"])),
+                delay_cycles=draw(st.sampled_from([0, 2_000_000, 20_000_000])),
+                data_seed=draw(st.integers(0, 2**16)))
+
+
+def schedules():
+    """The simulator's policy for one example: adversarial, or a seeded random interleaving."""
+    return st.one_of(st.just("adversarial"), st.integers(0, 2**16).map(lambda s: f"random:{s}"))
