@@ -83,8 +83,10 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     base = dict(PROFILES[profile])
     if examples is not None:
         base["max_examples"] = examples
+    if seed is not None:
+        base["derandomize"] = False  # an explicit seed replaces the profile's fixed one
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
-    db = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir else None
+    db = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir and not base["derandomize"] else None
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile)
     start = time.perf_counter()
 

@@ -56,6 +56,7 @@ class RunRecord:
     crash: Optional[tuple[int, str]] = None
     trace: list[str] = field(default_factory=list)
     schedule: str = ""
+    decisions: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     delays: list[int] = field(default_factory=list)
 
 
@@ -103,6 +104,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     record.conflicts = device.tracker.conflicts
     record.trace = device.trace()
     record.schedule = device.forced_string() if hasattr(device, "forced_string") else schedule
+    record.decisions = [(d.chosen, d.options) for d in getattr(device, "decisions", [])]
     record.delays = list(device.delays)
     return record
 
@@ -313,3 +315,42 @@ def summarize(findings: list[Finding]) -> dict[str, Any]:
         by.setdefault(f.oracle, 0)
         by[f.oracle] += 1
     return by
+
+
+@dataclass
+class Exploration:
+    explored: int = 0
+    truncated: bool = False
+    failing: list[tuple[str, Finding]] = field(default_factory=list)
+
+
+def explore(target, case: Case, *, bound: int = 500, target_spec: str = "reference",
+            mutant: Optional[str] = None) -> Exploration:
+    """Every order the stream and event edges allow, depth first over the simulator's decisions
+    (stateless, as CHESS does: each order is a fresh run forced along a prefix)."""
+    case.validate()
+    barriered = execute(target, case, "cpu", barriered=True)
+    outcome = Exploration()
+    stack = [""]
+    seen = set()
+    while stack:
+        if outcome.explored >= bound:
+            outcome.truncated = True
+            break
+        prefix = stack.pop()
+        run = execute(target, case, "cpu", schedule=f"forced:{prefix}")
+        taken = run.schedule
+        if taken in seen:
+            continue
+        seen.add(taken)
+        outcome.explored += 1
+        findings = [f for f in judge(case, run, barriered) if f.oracle in ("differential", "execution")]
+        if findings:
+            outcome.failing.append((taken, findings[0]))
+        for i in range(len(prefix), len(run.decisions)):
+            chosen, options = run.decisions[i]
+            for alternative in options:
+                if alternative != chosen:
+                    stack.append(taken[:i] + alternative)
+    return outcome
+

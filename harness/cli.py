@@ -1,0 +1,185 @@
+"""`python -m harness`: run a campaign, replay a finding, explore every interleaving, run the mutant table.
+
+Exit codes: 0 nothing found, 1 something found, 2 bad usage or configuration, 3 broken environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness.errors import HarnessError, InvalidArgument
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own usage errors exit 2, as ours do
+        self.print_usage(sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(p):
+        p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
+        p.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
+        p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
+
+    run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
+    common(run)
+    run.add_argument("--examples", type=int, default=None)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--profile", default="ci", help="dev | ci | nightly")
+    run.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    run.add_argument("--report-dir", default="harness-report")
+    run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+
+    replay = sub.add_parser("replay", help="replay one finding exactly")
+    common(replay)
+    replay.add_argument("--case", required=True, help="the case as JSON, or @FILE")
+    replay.add_argument("--schedule", default="adversarial", help="adversarial | random:SEED | forced:CHOICES")
+
+    explore = sub.add_parser("explore", help="try every interleaving the events allow (CPU simulator)")
+    common(explore)
+    explore.add_argument("--case", required=True, help="the case as JSON, or @FILE")
+    explore.add_argument("--bound", type=int, default=500, help="stop after this many interleavings")
+
+    mutants = sub.add_parser("mutants", help="run the clean reference and every seeded bug: the kill table")
+    mutants.add_argument("--device", default="cpu")
+    mutants.add_argument("--examples", type=int, default=200)
+    mutants.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    mutants.add_argument("--report-dir", default="harness-report")
+    mutants.add_argument("--only", default=None, help="comma-separated mutant names")
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants}[args.command](args)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _semantics(value: str) -> str:
+    from harness.case import SEMANTICS
+
+    if value not in SEMANTICS:
+        raise InvalidArgument(f"--semantics={value!r} is not one of: {', '.join(SEMANTICS)}")
+    return value
+
+
+def _load_case(text: str):
+    from harness.case import Case
+
+    if text.startswith("@"):
+        path = Path(text[1:])
+        if not path.is_file():
+            raise InvalidArgument(f"--case {text}: no such file")
+        text = path.read_text()
+    return Case.from_json(text)
+
+
+def _progress(total: int):
+    """A rich progress bar on a terminal, nothing otherwise."""
+    if not sys.stderr.isatty():
+        return None, (lambda r: None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), transient=True)
+    task = progress.add_task("cases", total=total)
+    return progress, (lambda r: progress.update(task, completed=r.cases))
+
+
+def cmd_run(args) -> int:
+    from harness.campaign import PROFILES, run_campaign, write_json_atomically
+    from harness.device import resolve_device
+    from harness.target import load_target
+
+    semantics = _semantics(args.semantics)
+    device = resolve_device(args.device)
+    target = load_target(args.target, mutant=args.mutant)
+    report_dir = Path(args.report_dir)
+    if args.profile not in PROFILES:
+        raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
+    total = args.examples or PROFILES[args.profile]["max_examples"]
+    progress, update = _progress(total)
+    if progress:
+        progress.start()
+    try:
+        result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
+                              examples=args.examples, seed=args.seed, profile=args.profile,
+                              database_dir=report_dir / "examples", mutant=args.mutant, on_case=update,
+                              shrink=not args.no_shrink)
+    finally:
+        if progress:
+            progress.stop()
+    summary = result.summary()
+    summary["mutant"] = args.mutant
+    write_json_atomically(report_dir / "summary.json", summary)
+    rate = summary["cases_per_second"]
+    print(f"{result.cases} cases on {device} ({semantics}, target {target.name}) in {result.duration_s:.1f}s"
+          f" ({rate} cases/s): {len(result.findings)} finding(s)")
+    for finding in result.findings:
+        print(f"  [{finding.oracle}/{finding.kind}] {finding.message}")
+    if result.minimal:
+        print(f"  minimal case: {result.minimal.case.summary()}")
+        print(f"  found after {result.first_detection_examples} example(s), {result.first_detection_seconds:.2f}s")
+        print(f"  replay: {result.minimal.replay}")
+    print(f"summary: {report_dir / 'summary.json'}")
+    return EXIT_FOUND if result.findings else EXIT_OK
+
+
+def cmd_replay(args) -> int:
+    from harness.device import resolve_device
+    from harness.engine import run_case
+
+    from harness.target import load_target
+
+    case = _load_case(args.case)
+    device = resolve_device(args.device)
+    target = load_target(args.target, mutant=args.mutant)
+    result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant)
+    print(f"case: {case.summary()}")
+    print(f"schedule: {args.schedule}; executed order: forced:{result.overlapped.schedule}")
+    for line in result.overlapped.trace:
+        print(f"    {line}")
+    for finding in result.findings:
+        print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
+    print(f"{len(result.findings)} finding(s)")
+    return EXIT_FOUND if result.findings else EXIT_OK
+
+
+def cmd_explore(args) -> int:
+    from harness.device import resolve_device
+    from harness.engine import explore
+    from harness.target import load_target
+
+    if resolve_device(args.device) != "cpu":
+        raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
+    if args.bound < 1:
+        raise InvalidArgument(f"--bound={args.bound}: must be >= 1")
+    case = _load_case(args.case)
+    target = load_target(args.target, mutant=args.mutant)
+    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant)
+    print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "
+          f"{len(outcome.failing)} with findings")
+    for schedule, finding in outcome.failing[:10]:
+        print(f"  forced:{schedule}  [{finding.oracle}/{finding.kind}] {finding.message}")
+    return EXIT_FOUND if outcome.failing else EXIT_OK
+
+
+def cmd_mutants(args) -> int:
+    from harness.corpus import run_kill_table
+
+    semantics = _semantics(args.semantics)
+    return run_kill_table(device=args.device, examples=args.examples, semantics=semantics,
+                          report_dir=Path(args.report_dir), only=args.only)

@@ -1,0 +1,43 @@
+"""Bad input gets one error type naming the field and the allowed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.case import Batch, Case, Dims, Mutation, Request
+from harness.errors import InvalidArgument
+from harness.model.enums import ForwardMode
+
+
+def test_json_round_trip():
+    case = Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(3, 4), Request(1, 1)), graph=True,
+                               mutations=(Mutation("swa_clear", count=2, poison=True),)),))
+    assert Case.from_json(case.to_json()) == case
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('{"semantics": "v9"}', "pr, 0.5.23"),
+    ('{"spec": "MEDUSA"}', "EAGLE"),
+    ('{"batches": [{"mode": "PREFILL"}]}', "EXTEND"),
+    ('{"batches": [{"requests": [{"prefix_len": 0, "extend_len": 0}]}]}', "extend_len"),
+    ('{"batches": [{"mutations": [{"kind": "flip"}]}]}', "swa_clear"),
+    ('{"dims": {"layer_ratios": [3]}}', "0, 4, 128"),
+    ('{"dims": {"heads": 0}}', "dims.heads"),
+    ('{"colour": 1}', "unknown field"),
+    ("not json", "not valid JSON"),
+    ('{"graph_contract": "full"}', "fresh, bcg"),
+])
+def test_bad_case_is_named(text, needle):
+    with pytest.raises(InvalidArgument, match=needle):
+        Case.from_json(text)
+
+
+def test_mtp_is_an_alias_of_nextn():
+    assert Case.from_json('{"spec": "MTP"}').spec.name == "NEXTN"
+
+
+def test_impossible_geometry():
+    with pytest.raises(InvalidArgument, match="IDLE batch has no requests"):
+        Case(batches=(Batch(mode=ForwardMode.IDLE, requests=(Request(0, 1),)),)).validate()
+    with pytest.raises(InvalidArgument, match="dims.page_size"):
+        Case(dims=Dims(page_size=0)).validate()

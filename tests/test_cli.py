@@ -1,0 +1,56 @@
+"""The main job's contract: options, exit codes, summary.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def harness(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_clean_run_exits_0_and_writes_the_summary(tmp_path):
+    out = harness("run", "--device", "cpu", "--examples", "10", "--report-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("target", "device", "semantics", "seed", "cases", "duration_s", "findings"):
+        assert key in summary
+    assert summary["cases"] == 10 and summary["findings"] == []
+
+
+def test_finding_exits_1_and_its_replay_command_reproduces_it(tmp_path):
+    out = harness("run", "--device", "cpu", "--mutant", "scheduler_no_wait", "--examples", "50",
+                  "--report-dir", str(tmp_path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    finding = json.loads((tmp_path / "summary.json").read_text())["findings"][0]
+    assert {"oracle", "kind", "case", "replay"} <= set(finding)
+    replay = subprocess.run(finding["replay"].replace("python", sys.executable, 1), shell=True, capture_output=True,
+                            text=True, timeout=300)
+    assert replay.returncode == 1 and "finding(s)" in replay.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--device", "tpu"], "cpu, cuda, auto"),
+    (["run", "--semantics", "0.6"], "pr, 0.5.23"),
+    (["run", "--profile", "weekly"], "dev, ci, nightly"),
+    (["run", "--target", "nonsense"], "reference, sglang, MODULE:FACTORY"),
+    (["run", "--mutant", "nope"], "snapshot_skipped"),
+    (["run", "--examples", "0"], "--examples"),
+    (["replay", "--case", "{]"], "not valid JSON"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_usage_exits_2_with_the_allowed_values(args, needle):
+    out = harness(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_module_target_exits_3():
+    out = harness("run", "--device", "cpu", "--target", "no_such_module:factory")
+    assert out.returncode == 3 and "cannot import" in out.stderr
