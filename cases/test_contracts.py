@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.case import Batch, Case, Flags, Request
-from harness.device import SimDevice
+from harness.device import make_device
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds, SpeculativeAlgorithm
 from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
@@ -16,11 +16,19 @@ from harness.target import ReferenceTarget
 from harness.world import PoolSizes, build_world
 
 S = SpeculativeAlgorithm
+DEVICE = "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _on_the_chosen_device(harness_device):
+    """The same contract cases run on CUDA tensors with --harness-device cuda."""
+    global DEVICE
+    DEVICE = harness_device
 
 
 def open_session(case, target=None):
     target = target or ReferenceTarget()
-    device = SimDevice()
+    device = make_device(DEVICE)
     session = target.open(case, device)
     fb = session.load(build_world(case, 0, PoolSizes.for_case(case)))
     return session, device, fb
@@ -84,7 +92,7 @@ def test_sparse_prefill_snapshot_marks_success_only_after_build():
 @pytest.mark.parametrize("semantics", ["pr", "0.5.23"])
 def test_replay_snapshot_uses_padded_token_count(semantics):
     case = pr_case(graph=True) if semantics == "pr" else Case(batches=(Batch(requests=(Request(5, 6), Request(0, 3)), graph=True),))
-    result = run_case(ReferenceTarget(), case)
+    result = run_case(ReferenceTarget(), case, DEVICE)
     snapshot = dict(result.overlapped.notes[0])["snapshot"]
     assert snapshot["num_qo_tokens"] == 12  # 9 tokens replay at the 12-token bucket
     assert not result.findings
@@ -95,7 +103,7 @@ def test_replay_snapshot_uses_padded_token_count(semantics):
 def test_dflash_family_target_prefill_publishes(semantics, spec):
     case = Case(semantics=semantics, spec=spec, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True),
                 batches=(Batch(requests=(Request(3, 5),)),))
-    result = run_case(ReferenceTarget(), case)
+    result = run_case(ReferenceTarget(), case, DEVICE)
     assert "publish" in [k for k, _ in result.overlapped.notes[0]]
     assert not result.findings
 
@@ -120,7 +128,7 @@ GATES = [
 @pytest.mark.parametrize("rule,fields,publishes", GATES, ids=[g[0] for g in GATES])
 def test_publish_gates(rule, fields, publishes):
     case = Case(batches=(Batch(requests=(Request(7, 5),)),), **fields)
-    result = run_case(ReferenceTarget(), case)
+    result = run_case(ReferenceTarget(), case, DEVICE)
     assert ("publish" in [k for k, _ in result.overlapped.notes[0]]) is publishes, rule
     assert not result.findings
 
@@ -129,14 +137,14 @@ def test_publish_gates(rule, fields, publishes):
                                   ForwardMode.DRAFT_EXTEND])
 def test_only_extend_publishes(mode):
     case = Case(batches=(Batch(mode=mode, requests=(Request(7, 5), Request(4, 1))),))
-    result = run_case(ReferenceTarget(), case)
+    result = run_case(ReferenceTarget(), case, DEVICE)
     assert "publish" not in [k for k, _ in result.overlapped.notes[0]]
     assert not result.findings
 
 
 def test_bcg_replay_stays_coarse():
     case = Case(graph_contract="bcg", batches=(Batch(requests=(Request(7, 5),), graph=True),))
-    result = run_case(ReferenceTarget(), case)
+    result = run_case(ReferenceTarget(), case, DEVICE)
     assert "publish" not in [k for k, _ in result.overlapped.notes[0]]
     assert not result.findings
 
@@ -199,8 +207,8 @@ FIRES = [
 
 @pytest.mark.parametrize("name,case,kind", FIRES, ids=[f[0] for f in FIRES])
 def test_each_contract_fires_on_its_bug(name, case, kind):
-    assert not run_case(ReferenceTarget(), case).findings
-    findings = run_case(mutant_target(name), case).findings
+    assert not run_case(ReferenceTarget(), case, DEVICE).findings
+    findings = run_case(mutant_target(name), case, DEVICE).findings
     assert kind in {f.kind for f in findings}, [f"{f.oracle}/{f.kind}: {f.message}" for f in findings]
 
 
@@ -230,7 +238,7 @@ def test_float64_oracle_matches_on_clean_and_fires_on_wrong_attention():
     from harness.engine import float64_oracle
 
     case = Case(batches=(Batch(requests=(Request(140, 9), Request(3, 6))),))
-    result = run_case(ReferenceTarget(), case)
+    result = run_case(ReferenceTarget(), case, DEVICE)
     assert not result.findings
     result.barriered.outputs[0]["attention"][1, 3, 0, 0] += 1e-3
     assert [f.kind for f in float64_oracle(case, result.barriered)] == ["attention-mismatch"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,11 +125,3 @@ def _seeded(test, seed: int):
     from hypothesis import seed as hypothesis_seed
 
     return hypothesis_seed(seed)(test)
-
-
-def write_json_atomically(path: Path, data) -> None:
-    """A killed run never leaves a half-written file that looks whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)

@@ -100,7 +100,8 @@ def _progress(total: int):
 
 
 def cmd_run(args) -> int:
-    from harness.campaign import PROFILES, run_campaign, write_json_atomically
+    from harness.campaign import PROFILES, run_campaign
+    from reports.writers import write_json_atomically
     from harness.device import resolve_device
     from harness.target import load_target
 

@@ -6,7 +6,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness.campaign import run_campaign, write_json_atomically
+from harness.campaign import run_campaign
+from reports.writers import write_json_atomically
 from harness.errors import InvalidArgument
 from harness.mutants import MUTANTS, mutant_target
 from harness.target import ReferenceTarget

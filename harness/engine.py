@@ -287,25 +287,21 @@ def _rows_to_check(total: int) -> list[int]:
 def kv_oracle(run: RunRecord) -> list[Finding]:
     out = []
     for index, outputs in enumerate(run.outputs):
-        expected = kv_contents(run.worlds[index], after_forward=True)
-        for name, entries in expected.items():
+        for name, (where, values) in kv_contents(run.worlds[index], after_forward=True).items():
             got = outputs[f"pool.{name}"]
             want = torch.zeros_like(got)
-            for key, value in entries.items():
-                want[key] = value
-            diff = got != want
-            if got.dim() == 3:
-                diff[:, 0] = False  # the dummy slot 0 takes padded and cleared writes
-            else:
-                diff[0] = False
+            want[where] = values
+            owned = torch.zeros(got.shape[:-1], dtype=torch.bool)
+            owned[where] = True
+            diff = (got != want).any(dim=-1)
+            diff[..., 0] = False  # the dummy slot 0 takes padded and cleared writes
             if bool(diff.any()):
                 first = [int(i) for i in diff.nonzero()[0]]
-                slot = first[1] if got.dim() == 3 else first[0]
-                owned = any((k[1] if isinstance(k, tuple) else k) == slot for k in entries)
-                out.append(Finding("kv", "wrong-kv-slot" if owned else "foreign-kv-write",
-                                   f"batch {index}: {name} at {first} "
-                                   f"{'holds a wrong value' if owned else 'was written although the batch does not own it'}"
-                                   f" ({int(diff.sum())} element(s) in all)", index))
+                wrong_owned = bool(owned[tuple(first)])
+                out.append(Finding("kv", "wrong-kv-slot" if wrong_owned else "foreign-kv-write",
+                                   f"batch {index}: {name} at {'(layer, slot)' if got.dim() == 3 else 'slot'} {first} "
+                                   f"{'holds a wrong value' if wrong_owned else 'was written although the batch does not own it'}"
+                                   f" ({int(diff.sum())} slot(s) in all)", index))
     return out
 
 

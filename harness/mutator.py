@@ -58,7 +58,8 @@ class Mutator:
             if m.poison and self.poison_ok:
                 values = torch.full((r2t.shape[1],), full_size + 7919, dtype=r2t.dtype)
             else:
-                values = torch.tensor([self.rng.randrange(1, full_size) for _ in range(r2t.shape[1])], dtype=r2t.dtype)
+                gen = torch.Generator().manual_seed(self.rng.randrange(1 << 30))
+                values = torch.randint(1, full_size, (r2t.shape[1],), generator=gen, dtype=r2t.dtype)
             values = values.to(self._tdev())
             self._launch(f"req_to_token_rewrite(row={row})", lambda row=row, v=values: r2t[row].copy_(v),
                          {"req_to_token": frozenset({row})})
@@ -70,8 +71,8 @@ class Mutator:
         pages = list(w.spare_pages) or [0]
         for row in self._rows(m):
             self.rng.shuffle(pages)
-            slots = [pages[(p // ps) % len(pages)] * ps + p % ps for p in range(r2t.shape[1])]
-            values = torch.tensor(slots, dtype=r2t.dtype).to(self._tdev())
+            pos = torch.arange(r2t.shape[1])
+            values = (torch.tensor(pages)[(pos // ps) % len(pages)] * ps + pos % ps).to(r2t.dtype).to(self._tdev())
             self._launch(f"req_pool_reuse(row={row})", lambda row=row, v=values: r2t[row].copy_(v),
                          {"req_to_token": frozenset({row})})
 

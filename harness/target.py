@@ -110,10 +110,8 @@ class ReferenceSession:
             swa = torch.tensor(world.swa_slots[r], dtype=torch.int64)
             live = swa > 0
             pool.full_to_swa_index_mapping[slots[live].to(tdev)] = swa[live].to(tdev)
-        contents = kv_contents(world, after_forward=False)
-        _scatter(pool.swa_kv, contents["swa_kv"])
-        _scatter(pool.extra_kv, contents["extra_kv"])
-        _scatter(pool.indexer_k, contents["indexer_k"])
+        for name, (index, values) in kv_contents(world, after_forward=False).items():
+            getattr(pool, name)[tuple(i.to(tdev) for i in index)] = values.to(tdev)
         self.sink.copy_(world.sink.to(tdev))
         return make_forward_batch(world, self.case, tdev)
 
@@ -126,11 +124,6 @@ class ReferenceSession:
         return {"swa_kv": pool.swa_kv, "extra_kv": pool.extra_kv, "indexer_k": pool.indexer_k}
 
 
-def _scatter(store: torch.Tensor, entries: dict) -> None:
-    for key, value in entries.items():
-        store[key] = value.to(store.device)
-
-
 def make_forward_batch(world: BatchWorld, case: Case, tdev) -> ForwardBatch:
     batch, dims = world.batch, world.dims
     reqs = batch.requests
@@ -141,14 +134,20 @@ def make_forward_batch(world: BatchWorld, case: Case, tdev) -> ForwardBatch:
     layers, t = len(dims.layer_ratios), world.num_tokens
     compressed_new = torch.zeros(layers, t, dims.head_dim)
     index_k_new = torch.zeros(t, dims.index_dim)
-    for row, (r, pos) in enumerate(rows):
+    start = 0
+    for r, req in enumerate(reqs):
+        pos = torch.arange(req.prefix_len, req.seq_len)
         for layer, ratio in enumerate(dims.layer_ratios):
-            if ratio and (pos + 1) % ratio == 0:
-                compressed_new[layer, row] = world.compressed(r, layer, ratio, (pos + 1) // ratio - 1)
-                if ratio == 4:
-                    index_k_new[row] = world.index_keys[r][(pos + 1) // 4 - 1]
-    kv_new = torch.stack([torch.stack([world.latents[r][layer, pos] for r, pos in rows]) if rows
-                          else torch.zeros(0, dims.head_dim) for layer in range(layers)])
+            if not ratio:
+                continue
+            done = ((pos + 1) % ratio == 0).nonzero().flatten()
+            blocks = (pos[done] + 1) // ratio - 1
+            compressed_new[layer, start + done] = world.block_means(r, layer, ratio)[blocks]
+            if ratio == 4:
+                index_k_new[start + done] = world.index_keys[r][blocks]
+        start += req.extend_len
+    kv_new = torch.cat([world.latents[r][:, req.prefix_len:req.seq_len] for r, req in enumerate(reqs)], dim=1) \
+        if reqs else torch.zeros(layers, 0, dims.head_dim)
     return ForwardBatch(
         forward_mode=batch.mode, spec_algorithm=case.spec, batch_size=len(reqs),
         req_pool_indices=torch.tensor(world.req_pool_idx, **i32),

@@ -7,7 +7,7 @@ directly from it (positions and latents), never through the index machinery it c
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -64,6 +64,7 @@ class BatchWorld:
     q_index: torch.Tensor  # [T, index_dim], small integers
     sink: torch.Tensor  # [layers, H]
     seed: int
+    _blocks: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -75,9 +76,16 @@ class BatchWorld:
             for pos in range(req.prefix_len, req.seq_len):
                 yield r, pos
 
+    def block_means(self, r: int, layer: int, ratio: int) -> torch.Tensor:
+        """Compressed entries [seq_len // ratio, D]: a block's mean latent (the compressor is not modelled)."""
+        key = (r, layer, ratio)
+        if key not in self._blocks:
+            n = self.batch.requests[r].seq_len // ratio
+            self._blocks[key] = self.latents[r][layer, : n * ratio].reshape(n, ratio, self.dims.head_dim).mean(dim=1)
+        return self._blocks[key]
+
     def compressed(self, r: int, layer: int, ratio: int, block: int) -> torch.Tensor:
-        """A compressed entry stands for its block's tokens: here their mean (the compressor is not modelled)."""
-        return self.latents[r][layer, block * ratio:(block + 1) * ratio].mean(dim=0)
+        return self.block_means(r, layer, ratio)[block]
 
 
 def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
@@ -92,15 +100,13 @@ def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
     rng.shuffle(rows)
     req_pool_idx, spare_rows = rows[:n], rows[n:]
 
-    pages = list(range(1, sizes.full_pages))  # page 0 holds the reserved dummy slot 0
-    rng.shuffle(pages)
+    pages = (torch.randperm(sizes.full_pages - 1, generator=gen) + 1).tolist()  # page 0: the dummy slot 0
     full_slots = []
     for req in batch.requests:
         own = [pages.pop() for _ in range(-(-req.seq_len // ps))]
         full_slots.append([own[p // ps] * ps + p % ps for p in range(req.seq_len)])
 
-    swa_free = list(range(1, sizes.swa_size))  # SWA slot 0 is the dummy
-    rng.shuffle(swa_free)
+    swa_free = (torch.randperm(sizes.swa_size - 1, generator=gen) + 1).tolist()  # SWA slot 0 is the dummy
     swa_slots = []
     for req in batch.requests:
         first = req.seq_len - gather_len(req, dims.swa_window)
@@ -131,25 +137,42 @@ def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
     )
 
 
-def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, dict[tuple, torch.Tensor]]:
+def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
     """The KV entries the pools hold before the forward (prefix) or after it (prefix and extend).
 
-    Keyed by (layer, slot) for the SWA and compressed caches and by slot for the indexer cache.
+    Per cache: (index tensors, values) such that ``cache[index] = values`` writes them; the SWA and
+    compressed caches are indexed by (layer, slot), the indexer cache by slot.
     """
-    dims, ps = world.dims, world.dims.page_size
-    swa, extra, index = {}, {}, {}
+    dims = world.dims
+    layers = len(dims.layer_ratios)
+    swa_idx, swa_val, ext_idx, ext_val, ind_idx, ind_val = [], [], [], [], [], []
     for r, req in enumerate(world.batch.requests):
         end = req.seq_len if after_forward else req.prefix_len
-        for p in range(end):
-            if world.swa_slots[r][p]:
-                for layer in range(len(dims.layer_ratios)):
-                    swa[(layer, world.swa_slots[r][p])] = world.latents[r][layer, p]
+        slots = torch.tensor(world.swa_slots[r][:end], dtype=torch.int64)
+        live = slots.nonzero().flatten()
+        if live.numel():
+            swa_idx.append(torch.stack(torch.broadcast_tensors(torch.arange(layers)[:, None], slots[live][None, :]))
+                           .flatten(1))
+            swa_val.append(world.latents[r][:, live].flatten(0, 1))
+        full = torch.tensor(world.full_slots[r], dtype=torch.int64)
         for layer, ratio in enumerate(dims.layer_ratios):
-            if not ratio:
+            blocks = end // ratio if ratio else 0
+            if not blocks:
                 continue
-            for block in range(end // ratio):
-                slot = world.full_slots[r][block * ratio]
-                extra[(layer, slot)] = world.compressed(r, layer, ratio, block)
-                if ratio == 4:
-                    index[slot] = world.index_keys[r][block]
-    return {"swa_kv": swa, "extra_kv": extra, "indexer_k": index}
+            starts = full[torch.arange(blocks) * ratio]
+            ext_idx.append(torch.stack([torch.full((blocks,), layer), starts]))
+            ext_val.append(world.block_means(r, layer, ratio)[:blocks])
+            if ratio == 4 and layer == dims.layer_ratios.index(4):
+                ind_idx.append(starts)
+                ind_val.append(world.index_keys[r][:blocks])
+
+    def pack(idx, val, dims_, width):
+        if not idx:
+            empty = tuple(torch.zeros(0, dtype=torch.int64) for _ in range(dims_))
+            return empty, torch.zeros(0, width)
+        index = torch.cat(idx, dim=-1)
+        return (tuple(index) if dims_ == 2 else (index,)), torch.cat(val)
+
+    return {"swa_kv": pack(swa_idx, swa_val, 2, dims.head_dim),
+            "extra_kv": pack(ext_idx, ext_val, 2, dims.head_dim),
+            "indexer_k": pack(ind_idx, ind_val, 1, dims.index_dim)}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 
@@ -25,6 +26,12 @@ class CudaDevice(Device):
         stream = super().new_stream(name)
         self._streams[stream.id] = torch.cuda.Stream()
         return stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: Stream) -> Iterator[Stream]:
+        """Also torch's current stream: tensors the target allocates belong to the stream that uses them."""
+        with super().stream(stream), torch.cuda.stream(self._streams[stream.id]):
+            yield stream
 
     def native(self, stream: Stream) -> torch.cuda.Stream:
         return self._streams[stream.id]

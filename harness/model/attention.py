@@ -74,7 +74,7 @@ def indexer_topk(world, r: int, t: int, visible: int) -> list[int]:
     topk = world.dims.index_topk
     if visible <= topk:
         return list(range(visible))
-    scores = [float(world.q_index[t] @ world.index_keys[r][b]) for b in range(visible)]
+    scores = (world.index_keys[r][:visible] @ world.q_index[t]).tolist()
     order = sorted(range(visible), key=lambda b: (-scores[b], b))
     return sorted(order[:topk])
 

@@ -1,0 +1,1 @@
+"""Report writers: every report file is written atomically."""
