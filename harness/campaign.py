@@ -74,7 +74,8 @@ class CampaignResult:
 def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu", semantics: str = "0.5.23",
                  examples: Optional[int] = None, seed: Optional[int] = None, profile: str = "ci",
                  database_dir: Optional[Path] = None, mutant: Optional[str] = None,
-                 on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True) -> CampaignResult:
+                 on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
+                 oracles: Optional[frozenset] = None) -> CampaignResult:
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
@@ -93,7 +94,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
     @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
     def campaign_case(case, schedule):
-        judged = run_case(target, case, device, schedule=schedule, target_spec=target_spec, mutant=mutant)
+        judged = run_case(target, case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
+                          oracles=oracles)
         found = bool(judged.findings)
         if result.first_detection_examples is None:
             result.cases += 1

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
         p.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
         p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
+        p.add_argument("--oracles", default=None,
+                       help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution")
 
     run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     common(run)
@@ -101,6 +103,7 @@ def _progress(total: int):
 
 def cmd_run(args) -> int:
     from harness.campaign import PROFILES, run_campaign
+    from harness.engine import parse_oracles
     from reports.writers import write_json_atomically
     from harness.device import resolve_device
     from harness.target import load_target
@@ -119,7 +122,7 @@ def cmd_run(args) -> int:
         result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
                               examples=args.examples, seed=args.seed, profile=args.profile,
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=update,
-                              shrink=not args.no_shrink)
+                              shrink=not args.no_shrink, oracles=parse_oracles(args.oracles))
     finally:
         if progress:
             progress.stop()
@@ -141,14 +144,15 @@ def cmd_run(args) -> int:
 
 def cmd_replay(args) -> int:
     from harness.device import resolve_device
-    from harness.engine import run_case
+    from harness.engine import parse_oracles, run_case
 
     from harness.target import load_target
 
     case = _load_case(args.case)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
-    result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant)
+    result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant,
+                      oracles=parse_oracles(args.oracles))
     print(f"case: {case.summary()}")
     print(f"schedule: {args.schedule}; executed order: forced:{result.overlapped.schedule}")
     for line in result.overlapped.trace:

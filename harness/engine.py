@@ -23,7 +23,7 @@ import torch
 
 from harness.case import Case
 from harness.device import OpFailed, make_device
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InvalidArgument
 from harness.hb import Conflict
 from harness.model.attention import reference_attention
 from harness.mutator import Mutator
@@ -109,29 +109,49 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     return record
 
 
-def replay_command(case: Case, *, target: str, device: str, schedule: str, mutant: Optional[str] = None) -> str:
+def replay_command(case: Case, *, target: str, device: str, schedule: str, mutant: Optional[str] = None,
+                   oracles: Optional[frozenset] = None) -> str:
     parts = ["python", "-m", "harness", "replay", "--target", target]
     if mutant:
         parts += ["--mutant", mutant]
-    parts += ["--device", device, "--schedule", schedule, "--case", case.to_json()]
+    parts += ["--device", device, "--schedule", schedule]
+    if oracles:
+        parts += ["--oracles", ",".join(sorted(oracles))]
+    parts += ["--case", case.to_json()]
     return " ".join(shlex.quote(p) for p in parts)
 
 
+ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "execution")
+
+
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
-             target_spec: str = "reference", mutant: Optional[str] = None) -> CaseResult:
+             target_spec: str = "reference", mutant: Optional[str] = None,
+             oracles: Optional[frozenset] = None) -> CaseResult:
+    """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what)."""
     case.validate()
     start = time.perf_counter()
     poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
     overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok)
     barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
-    findings = judge(case, overlapped, barriered)
+    findings = [f for f in judge(case, overlapped, barriered) if oracles is None or f.oracle in oracles]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start)
     replay_schedule = f"forced:{overlapped.schedule}" if device_name == "cpu" and schedule != "adversarial" else schedule
-    result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule, mutant=mutant)
+    result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule,
+                                   mutant=mutant, oracles=oracles)
     return result
 
 
 # -- the oracles -----------------------------------------------------------------------------------------
+
+def parse_oracles(text: Optional[str]) -> Optional[frozenset]:
+    if not text:
+        return None
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - set(ORACLES))
+    if unknown or not names:
+        raise InvalidArgument(f"--oracles: unknown {', '.join(unknown) or '(empty)'}; allowed: {', '.join(ORACLES)}")
+    return names
+
 
 def judge(case: Case, overlapped: RunRecord, barriered: RunRecord) -> list[Finding]:
     findings: list[Finding] = []

@@ -7,6 +7,7 @@ metadata init and the snapshot, i.e. before the shared-read-done event.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Optional
 
 import torch
@@ -153,35 +154,36 @@ class DeepseekV4AttnBackend(AttentionBackend):
             row_req=list(fb.row_req),
         )
         batch_rows = frozenset(fb.req_pool_indices_cpu)
+        c = copy.copy(core)  # closures bind tensors at issue time, as a kernel launch binds pointers
 
         def page_table_step():
             rpi = fb.req_pool_indices.long()[row_req]
             starts = torch.arange(pages, device=tdev) * ps
-            core.page_table.copy_(r2t[rpi[:, None], starts[None, :]] // ps)
-            core.seq_lens_casual.copy_(fb.positions + 1)
-            core.positions_casual.copy_(fb.positions)
+            c.page_table.copy_(r2t[rpi[:, None], starts[None, :]] // ps)
+            c.seq_lens_casual.copy_(fb.positions + 1)
+            c.positions_casual.copy_(fb.positions)
 
         def swa_step():
             rpi = fb.req_pool_indices.long()[row_req]
             indices, lengths = swa_window_indices(r2t, f2s, rpi, fb.positions, dims.swa_window)
-            core.swa_page_indices.copy_(indices)
-            core.swa_topk_lengths.copy_(lengths)
-            core.swa_out_cache_loc.copy_(f2s[fb.out_cache_loc])
+            c.swa_page_indices.copy_(indices)
+            c.swa_topk_lengths.copy_(lengths)
+            c.swa_out_cache_loc.copy_(f2s[fb.out_cache_loc])
 
         def compress_step():
-            pos = core.positions_casual
-            for ratio, out in ((4, core.c4_out_loc), (128, core.c128_out_loc)):
+            pos = c.positions_casual
+            for ratio, out in ((4, c.c4_out_loc), (128, c.c128_out_loc)):
                 start = ((pos + 1) // ratio - 1).clamp(min=0) * ratio
-                out.copy_(torch.where((pos + 1) % ratio == 0, page_slot(core.page_table, start, ps), -1))
+                out.copy_(torch.where((pos + 1) % ratio == 0, page_slot(c.page_table, start, ps), -1))
             raw = (pos + 1) // 4
-            core.c4_topk_lengths_raw.copy_(raw)
-            core.c4_topk_lengths_clamp1.copy_(raw.clamp(min=1))
-            core.c4_sparse_topk_lengths.copy_(raw.clamp(max=dims.index_topk))
+            c.c4_topk_lengths_raw.copy_(raw)
+            c.c4_topk_lengths_clamp1.copy_(raw.clamp(min=1))
+            c.c4_sparse_topk_lengths.copy_(raw.clamp(max=dims.index_topk))
             blocks = torch.arange(c128_max, device=tdev)
             visible = (pos + 1) // 128
-            slots = page_slot(core.page_table, (blocks * 128)[None, :].expand(rows, -1), ps)
-            core.c128_page_indices.copy_(torch.where(blocks[None, :] < visible[:, None], slots, -1))
-            core.c128_topk_lengths_clamp1.copy_(visible.clamp(min=1))
+            slots = page_slot(c.page_table, (blocks * 128)[None, :].expand(rows, -1), ps)
+            c.c128_page_indices.copy_(torch.where(blocks[None, :] < visible[:, None], slots, -1))
+            c.c128_topk_lengths_clamp1.copy_(visible.clamp(min=1))
 
         meta_core = {"meta.page_table": None, "meta.seq_lens_casual": None, "meta.positions_casual": None}
         dev.launch("init_forward_metadata.page_table", page_table_step,
@@ -227,11 +229,13 @@ class DeepseekV4AttnBackend(AttentionBackend):
             seq_lens_cpu=list(seq), row_req=row_req,
         )
 
+        seq_lens_casual = core.seq_lens_casual
+
         def build():
             rpi = fb.req_pool_indices.long()
             cache.swa_token_ids.copy_(f2s[r2t[rpi[entry_req], entry_pos].long()])
-            n = min(num_qo_tokens, core.seq_lens_casual.shape[0])
-            cache.query_pos[:n].copy_(core.seq_lens_casual[:n].long() - 1)
+            n = min(num_qo_tokens, seq_lens_casual.shape[0])
+            cache.query_pos[:n].copy_(seq_lens_casual[:n].long() - 1)
             pos = cache.query_pos[:real]
             swa_len = (pos + 1).clamp(max=window)
             j = torch.arange(width, device=tdev)
@@ -279,7 +283,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         rows = list(rows)
         if not rows:
             return
-        core = self.forward_metadata.core_attn_metadata
+        core = copy.copy(self.forward_metadata.core_attn_metadata)
         r2t = self.req_to_token_pool.req_to_token
         f2s = self.token_to_kv_pool.full_to_swa_index_mapping
         sel = torch.tensor(rows, dtype=I64, device=r2t.device)
@@ -337,7 +341,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                            writes={f"extra_kv[{layer}]": None, "indexer_k": None})
 
     def _indexer(self, fb: ForwardBatch, layer: int) -> None:
-        core = self.forward_metadata.core_attn_metadata
+        core = copy.copy(self.forward_metadata.core_attn_metadata)
         pool, dims = self.token_to_kv_pool, self.dims
         topk, ps = dims.index_topk, dims.page_size
         nmax = max([s // 4 for s in fb.seq_lens_cpu] + [1])
@@ -396,7 +400,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
 
     def _attend_sparse(self, fb: ForwardBatch, layer: int, out: torch.Tensor) -> None:
         metadata = self.forward_metadata
-        core, pool, dims = metadata.core_attn_metadata, self.token_to_kv_pool, self.dims
+        core, pool, dims = copy.copy(metadata.core_attn_metadata), self.token_to_kv_pool, self.dims
         if metadata.sparse_prefill_cache is None:
             metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
                 fb, core, num_qo_tokens=fb.num_tokens, label=f"layer{layer}.sparse_prefill_cache.lazy_build")
