@@ -292,6 +292,45 @@ def _copy_reassigns_captured() -> Classes:
     return _backend(build_core_metadata=build_core_metadata)
 
 
+@mutant("in_graph_live_metadata", "a captured in-graph metadata step re-reads live req_to_token / Full-to-SWA during "
+        "replay, after a pre-replay event", "#31686 (trtllm_mha)", "differential")
+def _in_graph_live_metadata() -> Classes:
+    class Runner(PrefillGraphRunner):
+        def _capture(self, bucket, padded):
+            PrefillGraphRunner._capture(self, bucket, padded)
+            mr = self.model_runner
+            core = self.static_metadata[bucket].core_attn_metadata
+            swa_idx, r2t = core.swa_page_indices, mr.req_to_token_pool.req_to_token
+            f2s = mr.token_to_kv_pool.full_to_swa_index_mapping
+            rows = self.row_pool_idx[bucket] = torch.zeros(bucket, dtype=torch.int64, device=r2t.device)
+            positions = self.static_positions[bucket] = padded.positions.clone()
+
+            def in_graph_metadata():
+                swa_idx.copy_(swa_window_indices(r2t, f2s, rows, positions, mr.dims.swa_window)[0])
+
+            with mr.device.capture(f"prefill_graph[{bucket}].metadata") as graph:
+                mr.device.launch("in_graph_metadata", in_graph_metadata,
+                                 reads={"req_to_token": None, "full_to_swa": None, "static_inputs": None},
+                                 writes={"meta.swa_page_indices": None})
+            self.graphs[bucket][0].nodes[:0] = graph.nodes
+            self.graphs[bucket][0].fns[:0] = graph.fns
+
+        def _load_static_inputs(self, bucket, padded):
+            PrefillGraphRunner._load_static_inputs(self, bucket, padded)
+            rows, positions = self.row_pool_idx[bucket], self.static_positions[bucket]
+            row_req = torch.tensor(padded.row_req, dtype=torch.int64, device=rows.device)
+            self.model_runner.device.launch(
+                "load_batch.row_pool_idx",
+                lambda: (rows.copy_(padded.req_pool_indices.long()[row_req]), positions.copy_(padded.positions)),
+                reads={"fb.req_pool_indices": None}, writes={"static_inputs": None})
+
+        def __init__(self, model_runner, **kw):
+            PrefillGraphRunner.__init__(self, model_runner, **kw)
+            self.row_pool_idx, self.static_positions = {}, {}
+
+    return _runner(graph_runner_cls=Runner)
+
+
 @mutant("event_on_wrong_stream", "the read-done event is recorded on the schedule stream, not the forward stream",
         "#29541 ordering chain", "happens-before")
 def _event_on_wrong_stream() -> Classes:
