@@ -75,7 +75,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  examples: Optional[int] = None, seed: Optional[int] = None, profile: str = "ci",
                  database_dir: Optional[Path] = None, mutant: Optional[str] = None,
                  on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
-                 oracles: Optional[frozenset] = None) -> CampaignResult:
+                 oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0) -> CampaignResult:
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
@@ -90,21 +90,29 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile)
     start = time.perf_counter()
 
+    failing: dict[tuple[str, str], CaseResult] = {}
+
     @settings(deadline=None, database=db, phases=phases, print_blob=False,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
     @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
     def campaign_case(case, schedule):
-        judged = run_case(target, case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
-                          oracles=oracles)
-        found = bool(judged.findings)
-        if result.first_detection_examples is None:
-            result.cases += 1
-            result.outcomes.append((time.perf_counter() - start, found))
-            on_case(result)
-            if found:
-                result.first_detection_examples = result.cases
-                result.first_detection_seconds = time.perf_counter() - start
-        if found:
+        key = (case.to_json(), schedule)
+        judged = failing.get(key)  # hypothesis replays its minimal example at the end
+        if judged is None:
+            if result.first_detection_seconds is not None and (
+                    time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
+                return  # the shrink budget is spent: keep the smallest failure found so far
+            judged = run_case(target, case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
+                              oracles=oracles)
+            if result.first_detection_examples is None:
+                result.cases += 1
+                result.outcomes.append((time.perf_counter() - start, bool(judged.findings)))
+                on_case(result)
+                if judged.findings:
+                    result.first_detection_examples = result.cases
+                    result.first_detection_seconds = time.perf_counter() - start
+        if judged.findings:
+            failing[key] = judged
             raise FindingRaised(judged)
 
     if seed is not None:
