@@ -12,6 +12,8 @@ from harness.mutants import MUTANTS, mutant_target
 @pytest.mark.parametrize("semantics", ["0.5.23", "pr"])
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_mutant_is_killed(name, semantics, harness_device):
+    if harness_device == "cuda":
+        pytest.skip("on CUDA the kill table runs each mutant in its own process: python -m harness mutants --device cuda")
     result = run_campaign(mutant_target(name), device=harness_device, semantics=semantics, examples=200,
                           profile="ci", mutant=name)
     assert result.findings, f"{name} ({MUTANTS[name].description}) survived 200 examples"

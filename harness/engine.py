@@ -58,6 +58,7 @@ class RunRecord:
     schedule: str = ""
     decisions: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     delays: list[int] = field(default_factory=list)
+    sut_seconds: float = 0.0  # inside the target's step and the device's execution of it
 
 
 @dataclass
@@ -84,6 +85,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         mutator = Mutator(world, session, device, poison_ok=poison_ok)
         after_launch = ((lambda: device.wait_stream(device.schedule_stream, device.forward_stream))
                         if barriered else (lambda: None))
+        began = time.perf_counter()
         try:
             outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: mutator.issue(batch.mutations),
                                    after_launch=after_launch)
@@ -94,6 +96,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
             raise
         except Exception as exc:  # the target raised on the host: a finding, never a harness traceback
             record.crash = (index, f"{type(exc).__name__}: {exc}")
+        record.sut_seconds += time.perf_counter() - began
         record.applied.append(list(mutator.applied))
         record.notes.append(session.probe.take())
         if record.crash:

@@ -134,7 +134,8 @@ class Mutator:
     def _hisparse_evict(self, m: Mutation) -> None:
         f2h = self.session.full_to_hisparse
         w = self.world
-        slots = [w.full_slots[r][b * 4] for r, req in enumerate(w.batch.requests) for b in range(req.seq_len // 4)]
+        blocks = [w.full_slots[r][b * 4] for r, req in enumerate(w.batch.requests) for b in range(req.seq_len // 4)]
+        slots = blocks or [s for row in w.full_slots for s in row]  # no block yet: evict plain slots
         slots = self.rng.sample(slots, min(m.count, len(slots)))
         if slots:
             idx = torch.tensor(slots, dtype=torch.int64).to(self._tdev())

@@ -15,7 +15,7 @@ _SPECS = {
     "0.5.23": [S.NONE, S.NONE, S.DFLASH, S.DSPARK, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
     "pr": [S.DFLASH, S.DFLASH, S.DSPARK, S.NONE, S.EAGLE, S.NEXTN, S.NGRAM],
 }
-_MODES = [ForwardMode.EXTEND] * 6 + [ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
+_MODES = [ForwardMode.EXTEND] * 8 + [ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
                                     ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.IDLE]
 _SECOND_MODES = [ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
                  ForwardMode.TARGET_VERIFY]
@@ -27,7 +27,7 @@ def _rare(weight: int = 8):
     return st.sampled_from([False] * (weight - 1) + [True])
 
 
-_GATES = [None] * 6 + ["cp_active", "hisparse", "hierarchical_cache", "hicache_storage", "lmcache",
+_GATES = [None] * 5 + ["cp_active", "hisparse", "hierarchical_cache", "hicache_storage", "lmcache",
                       "SGLANG_FORCE_COARSE_WAR_BARRIER"]
 
 
@@ -72,7 +72,7 @@ def batch(draw, *, hisparse: bool, reqs=None, modes=None) -> Batch:
 @st.composite
 def threshold_batch(draw, *, hisparse: bool) -> Batch:
     """Exactly around SGLang's sparse threshold, where the snapshot and the forward must agree."""
-    total = _LARGE_INDEXER_QUERY_THRESHOLD + draw(st.integers(-1, 2))
+    total = _LARGE_INDEXER_QUERY_THRESHOLD + draw(st.integers(-1, 1))
     first = draw(st.integers(1, total - 1))
     return Batch(mode=ForwardMode.EXTEND, requests=(Request(0, first), Request(draw(st.integers(0, 8)), total - first)),
                  graph=False, mutations=draw(mutations(hisparse=hisparse)))
@@ -85,9 +85,12 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True) -> Case:
         raise InvalidArgument(f"semantics={semantics!r} is not one of: {', '.join(_SPECS)}")
     f = draw(flags(semantics))
     spec = draw(st.sampled_from(_SPECS[semantics]))
-    if large and draw(_rare(16)):
-        f = Flags(**{**f.__dict__, "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL": False})
-        dims = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,))
+    if large and draw(_rare(8)):
+        # SGLang's real threshold, with every gate open so the snapshot's decision is published.
+        f = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
+        spec = draw(st.sampled_from([S.DFLASH, S.DSPARK] + ([S.NONE] if semantics != "pr" else [])))
+        dims = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,),
+                    index_align=8)
         return Case(semantics=semantics, spec=spec, flags=f, dims=dims,
                     batches=(draw(threshold_batch(hisparse=f.hisparse)),), data_seed=draw(st.integers(0, 2**16)))
     dims = Dims(
@@ -97,7 +100,7 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True) -> Case:
     )
     first = draw(batch(hisparse=f.hisparse))
     batches = [first]
-    shape = draw(st.sampled_from(["single", "single", "replay_reuse", "pair"]))
+    shape = draw(st.sampled_from(["single", "replay_reuse", "replay_reuse", "pair"]))
     if shape == "replay_reuse" and first.requests:
         # The next batch of the same geometry: graph replays reuse the bucket's metadata, and a
         # batch that does not publish follows one that did (the mailbox must have been cleared).

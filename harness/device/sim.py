@@ -46,6 +46,8 @@ class SimDevice(Device):
     kind = "cpu"
 
     def __init__(self, schedule: str = "adversarial") -> None:
+        if torch.get_num_threads() > 1:  # the simulator's ops are small: threads only contend
+            torch.set_num_threads(1)
         self.policy, self._rng, self._forced = _parse_policy(schedule)
         self.schedule = schedule
         self._queues: dict[Stream, deque[_Op]] = {}

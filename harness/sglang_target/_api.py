@@ -1,0 +1,189 @@
+"""Import the installed SGLang package and collect the real objects the sglang target drives.
+
+Everything the target calls is looked up here, once, by its SGLang name; whatever is missing is
+reported in one `EnvironmentBroken` naming each missing module or attribute (the CLI exits 3).
+`TRITON_INTERPRET=1` is set before anything imports triton, so SGLang's Triton metadata kernels
+(`build_swa_token_ids`, `combine_topk_swa_indices`) run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import EnvironmentBroken
+
+BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
+BASE_BACKEND = "sglang.srt.layers.attention.base_attn_backend"
+SPARSE_UTILS = "sglang.srt.layers.attention.dsv4.sparse_prefill_utils"
+KERNELS = "sglang.kernels.ops.attention.dsv4.sparse_prefill_kernels"
+PUBLISHER = "sglang.srt.model_executor.runner_utils.shared_read_event"
+SPEC = "sglang.srt.speculative.spec_info"
+ENVIRON = "sglang.srt.environ"
+RUNTIME = "sglang.srt.runtime_context"
+FORWARD = "sglang.srt.model_executor.forward_batch_info"
+CP_BASE = "sglang.srt.layers.cp.base"
+CP_UTILS = "sglang.srt.layers.cp.utils"
+BUCKETS = "sglang.srt.arg_groups.cuda_graph_hook"
+GRAPH_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
+BASE_GRAPH_RUNNER = "sglang.srt.model_executor.runner.base_cuda_graph_runner"
+SHAPE_KEY = "sglang.srt.model_executor.runner.shape_key"
+SCHEDULER = "sglang.srt.managers.scheduler"
+TP_WORKER = "sglang.srt.managers.tp_worker"
+SPEC_WORKER = "sglang.srt.speculative.base_spec_worker"
+
+# (module, dotted attribute) every semantics needs.
+_COMMON = [
+    (BACKEND, "DeepseekV4AttnBackend"), (BACKEND, "DeepseekV4AttnBackend._use_sparse_prefill"),
+    (BACKEND, "DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache"),
+    (BACKEND, "DeepseekV4AttnBackend.shared_read_ends"), (BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc"),
+    (BACKEND, "DSV4Metadata"), (BACKEND, "SWA_WINDOW"),
+    (BASE_BACKEND, "SharedReadEnds"),
+    (SPARSE_UTILS, "SparsePrefillChunkCache.build"), (SPARSE_UTILS, "SparsePrefillChunkCache.ensure_c128"),
+    (SPARSE_UTILS, "SparsePrefillChunkCache.ensure_compressed"),
+    (SPARSE_UTILS, "SparsePrefillChunkCache.combine_compressed"), (SPARSE_UTILS, "SparsePrefillKVBuffer"),
+    (KERNELS, "build_swa_token_ids"), (KERNELS, "combine_topk_swa_indices"),
+    (KERNELS, "_build_swa_token_ids_kernel"), (KERNELS, "_combine_topk_swa_indices_kernel"),
+    (PUBLISHER, "maybe_publish_prefill_shared_read_done"),
+    (SPEC, "SpeculativeAlgorithm"), (SPEC, "SpeculativeAlgorithm.is_dflash_family"),
+    (ENVIRON, "envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE"), (ENVIRON, "envs.SGLANG_FORCE_COARSE_WAR_BARRIER"),
+    (ENVIRON, "envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"),
+    (RUNTIME, "get_context"), (RUNTIME, "get_memory"), (RUNTIME, "_ConfigBag"),
+    (FORWARD, "ForwardMode"), (CP_BASE, "get_cp_strategy"), (CP_BASE, "_STRATEGY"), (CP_UTILS, "is_cp_active"),
+    (BUCKETS, "generate_prefill_cuda_graph_batch_sizes"),
+    (GRAPH_RUNNER, "_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR"),
+    (BASE_GRAPH_RUNNER, "BaseCudaGraphRunner._pad_to_bucket"),
+    (SCHEDULER, "Scheduler._apply_war_barrier"),
+    (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
+]
+# The 0.5.23 form: an explicit resolver, the spec gate at publish time, the replay prep returning the ends.
+_RESOLVER = [
+    (BASE_BACKEND, "AttentionBackend.resolve_prefill_shared_read_ends"),
+    (BACKEND, "DeepseekV4AttnBackend._snapshot_prefill_shared_reads"),
+    (SPEC, "SpeculativeAlgorithm.supports_prefill_shared_read_done"),
+    (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
+    (SHAPE_KEY, "ShapeKey"),
+]
+# The PR-era form (#35947 as merged): a backend hook and a flag on the metadata.
+_PR_ERA = [
+    (BASE_BACKEND, "AttentionBackend.prepare_prefill_shared_read_snapshot"),
+    (BACKEND, "DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot"),
+]
+
+
+@dataclass
+class SglangApi:
+    """The real SGLang objects, by role."""
+
+    version: str
+    semantics: str  # "0.5.23" (resolver) or "pr" (prepare_prefill_shared_read_snapshot)
+    semantics_detail: str
+    mods: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # api.BACKEND_MOD etc. are looked up through mods
+        mods = self.__dict__.get("mods", {})
+        if name in mods:
+            return mods[name]
+        raise AttributeError(name)
+
+    @property
+    def backend_cls(self):
+        return self.mods["backend"].DeepseekV4AttnBackend
+
+    def describe(self) -> str:
+        return f"sglang {self.version}, {self.semantics_detail}"
+
+
+def _resolve(module: str, dotted: str):
+    obj = importlib.import_module(module)
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@functools.lru_cache(maxsize=1)
+def load_api() -> SglangApi:
+    """Import sglang (once) and check that every real object the target drives is present."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        version = dist_version("sglang")
+    except PackageNotFoundError:
+        raise EnvironmentBroken("--target sglang: the sglang package is not installed "
+                                "(pip install --no-deps sglang==0.5.23 plus its CPU import deps; see "
+                                "harness/sglang_target/__init__.py)") from None
+    missing: list[str] = []
+    import_errors: dict[str, str] = {}
+
+    def have(items) -> list[str]:
+        lost = []
+        for module, dotted in items:
+            if module in import_errors:
+                lost.append(f"{module}.{dotted}")
+                continue
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _resolve(module, dotted)
+            except ImportError as exc:
+                import_errors[module] = f"{type(exc).__name__}: {exc}"
+                lost.append(f"{module}.{dotted}")
+            except AttributeError:
+                lost.append(f"{module}.{dotted}")
+        return lost
+
+    missing += have(_COMMON)
+    lost_resolver, lost_pr = have(_RESOLVER), have(_PR_ERA)
+    if not lost_resolver:
+        semantics, detail = "0.5.23", "0.5.23 resolver (resolve_prefill_shared_read_ends + _snapshot_prefill_shared_reads)"
+    elif not lost_pr:
+        semantics, detail = "pr", "PR-era hook (prepare_prefill_shared_read_snapshot + prefill_shared_reads_snapshotted)"
+    else:
+        semantics, detail = "", ""
+        missing += lost_resolver + [f"{m} (or, PR-era: {', '.join(lost_pr)})" for m in lost_resolver[:1]]
+    if missing:
+        why = "".join(f"; cannot import {m} ({e})" for m, e in import_errors.items())
+        raise EnvironmentBroken(f"--target sglang: the installed sglang {version} lacks "
+                                f"{', '.join(dict.fromkeys(missing))}{why}")
+
+    mods = {name: importlib.import_module(path) for name, path in dict(
+        backend=BACKEND, base_backend=BASE_BACKEND, sparse_utils=SPARSE_UTILS, kernels=KERNELS, publisher=PUBLISHER,
+        spec=SPEC, environ=ENVIRON, runtime=RUNTIME, forward=FORWARD, cp_base=CP_BASE, cp_utils=CP_UTILS,
+        buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, scheduler=SCHEDULER,
+        tp_worker=TP_WORKER, spec_worker=SPEC_WORKER).items()}
+    if semantics == "0.5.23":
+        mods["shape_key"] = importlib.import_module(SHAPE_KEY)
+    publish = mods["publisher"].maybe_publish_prefill_shared_read_done
+    params = list(inspect.signature(publish).parameters)
+    want = "shared_read_ends" if semantics == "0.5.23" else "forward_batch"
+    if len(params) < 3 or params[1] != want:
+        raise EnvironmentBroken(f"--target sglang: sglang {version} maybe_publish_prefill_shared_read_done{params} "
+                                f"does not take {want!r} second, as {detail} needs")
+    _check_interpreter(mods["kernels"], version)
+    return SglangApi(version=version, semantics=semantics, semantics_detail=detail, mods=mods)
+
+
+def _check_interpreter(kernels, version: str) -> None:
+    """The simulator's tensors live on the CPU: compiled Triton kernels cannot take them."""
+    from triton.runtime import interpreter
+    from triton.runtime.interpreter import InterpretedFunction
+
+    for name in ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel"):
+        if not isinstance(getattr(kernels, name), InterpretedFunction):
+            raise EnvironmentBroken(
+                f"--target sglang: sglang {version}'s Triton kernel {name} was compiled, not interpreted: set "
+                "TRITON_INTERPRET=1 before anything imports triton or sglang (it is read when a kernel is defined)")
+    # The interpreter checks every int32 add/sub/mul for overflow, a debug check that compiled kernels run
+    # only under debug=True; it is half of the interpreted time. Off, as on the GPU.
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options_cls = getattr(interpreter, "InterpreterOptions", None)
+    if builder is not None and options_cls is not None and getattr(builder.options, "sanitize_overflow", False):
+        import dataclasses
+
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)

@@ -1,0 +1,118 @@
+"""The real SGLang code against the reference model, field by field, on one drawn case.
+
+Both targets run every batch of the case on a fresh CPU simulator with nothing mutating the tables, so
+the snapshot each builds is a function of the same world. Compared, bit for bit (as integer values: the
+reference keeps `query_pos` as int64 and the offsets as host lists, SGLang int32 tensors):
+
+- the sparse prefill chunk cache: `swa_token_ids`, `swa_offsets`, `swa_first_pos`, `swa_gather_lens`,
+  `query_pos`, `c0_combined_indices`, `c0_combined_lens` (and whether one was built at all: `chunk_cache`);
+- the publication decision (`publish`), the snapshot's and the forward's sparse decisions
+  (`snapshot_sparse`, `use_sparse_prefill`), the snapshot's query-row count (`snapshot_num_qo_tokens`);
+- the attention output (`attention`, to 1e-5: the two workspaces are laid out differently, so float
+  sums may round differently).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from harness.case import Case
+from harness.device import SimDevice
+from harness.target import ReferenceTarget
+from harness.world import PoolSizes, build_world
+
+CACHE_FIELDS = ("swa_token_ids", "swa_offsets", "swa_first_pos", "swa_gather_lens", "query_pos",
+                "c0_combined_indices", "c0_combined_lens")
+ATTENTION_ATOL = 1e-5
+
+
+def _as_ints(value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().to(torch.int64)
+    return torch.tensor(list(value), dtype=torch.int64)
+
+
+def _run(target, case: Case) -> list[dict]:
+    """Per batch: the notes, the outputs and the chunk cache (None when none was built)."""
+    device = SimDevice(schedule="adversarial")
+    session = target.open(case, device)
+    sizes = PoolSizes.for_case(case)
+    out = []
+    for index, batch in enumerate(case.batches):
+        world = build_world(case, index, sizes)
+        fb = session.load(world)
+        session.current_batch = fb
+        outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: None, after_launch=lambda: None)
+        device.synchronize()
+        if hasattr(session, "chunk_cache"):
+            cache = session.chunk_cache()
+        else:
+            cache = getattr(session.model_runner.attn_backend.forward_metadata, "sparse_prefill_cache", None)
+        out.append({"notes": session.probe.take(), "outputs": {k: v.detach().cpu().clone() for k, v in outputs.items()},
+                    "cache": None if cache is None else {f: _as_ints(getattr(cache, f)) for f in CACHE_FIELDS}})
+    return out
+
+
+def _first(notes, kind) -> Optional[dict]:
+    for k, data in notes:
+        if k == kind:
+            return data
+    return None
+
+
+def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
+    """{field name: what differs}; a field differing in several batches is reported once, at its first."""
+    diffs: dict[str, str] = {}
+
+    def differ(name: str, index: int, why: str) -> None:
+        diffs.setdefault(name, f"batch {index}: {why}")
+
+    for index, (a, b) in enumerate(zip(real, ref)):
+        pub_a = any(k == "publish" for k, _ in a["notes"])
+        pub_b = any(k == "publish" for k, _ in b["notes"])
+        if pub_a != pub_b:
+            differ("publish", index, f"sglang {'published' if pub_a else 'did not publish'}, reference "
+                                     f"{'published' if pub_b else 'did not'}")
+        snap_a, snap_b = _first(a["notes"], "snapshot"), _first(b["notes"], "snapshot")
+        if (snap_a is None) != (snap_b is None):
+            differ("snapshot", index, f"snapshot built by {'sglang only' if snap_a else 'the reference only'}")
+        elif snap_a is not None:
+            if snap_a["sparse"] != snap_b["sparse"]:
+                differ("snapshot_sparse", index, f"sglang sparse={snap_a['sparse']}, reference {snap_b['sparse']}")
+            if snap_a["num_qo_tokens"] != snap_b["num_qo_tokens"]:
+                differ("snapshot_num_qo_tokens", index, f"{snap_a['num_qo_tokens']} vs {snap_b['num_qo_tokens']}")
+        fwd_a, fwd_b = _first(a["notes"], "forward"), _first(b["notes"], "forward")
+        if (fwd_a is None) != (fwd_b is None) or (fwd_a and fwd_a["sparse"] != fwd_b["sparse"]):
+            differ("use_sparse_prefill", index, f"sglang {fwd_a}, reference {fwd_b}")
+        ca, cb = a["cache"], b["cache"]
+        if (ca is None) != (cb is None):
+            differ("chunk_cache", index, f"built by {'sglang only' if ca is not None else 'the reference only'}")
+        elif ca is not None:
+            for name in CACHE_FIELDS:
+                x, y = ca[name], cb[name]
+                if x.shape != y.shape or not torch.equal(x, y):
+                    differ(name, index, f"sglang {x.tolist()[:16]} vs reference {y.tolist()[:16]}"
+                                        f" (shapes {tuple(x.shape)} / {tuple(y.shape)})")
+        oa, ob = a["outputs"].get("attention"), b["outputs"].get("attention")
+        if (oa is None) != (ob is None):
+            differ("attention", index, "present in one target only")
+        elif oa is not None and (oa.shape != ob.shape or not torch.allclose(oa, ob, atol=ATTENTION_ATOL, rtol=0)):
+            err = float((oa - ob).abs().max()) if oa.shape == ob.shape else float("nan")
+            differ("attention", index, f"max |difference| {err:.3g} (shapes {tuple(oa.shape)} / {tuple(ob.shape)})")
+    if len(real) != len(ref):
+        diffs.setdefault("batches", f"sglang ran {len(real)} batch(es), the reference {len(ref)}")
+    return diffs
+
+
+def differential_details(case: Case, *, target=None) -> dict[str, str]:
+    from harness.sglang_target import SglangTarget
+
+    case.validate()
+    target = target or SglangTarget()
+    return compare(case, _run(target, case), _run(ReferenceTarget(), case))
+
+
+def differential_against_reference(case: Case, *, target=None) -> list[str]:
+    return list(differential_details(case, target=target))
