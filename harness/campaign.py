@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
-from harness.strategies import cases, schedules
+from harness.strategies import cases, schedules, seed_cases
 
 PROFILES = {
     "dev": dict(max_examples=50, derandomize=False),
@@ -75,7 +75,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  examples: Optional[int] = None, seed: Optional[int] = None, profile: str = "ci",
                  database_dir: Optional[Path] = None, mutant: Optional[str] = None,
                  on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
-                 oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0) -> CampaignResult:
+                 oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
+                 seeds: bool = True) -> CampaignResult:
+    """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
@@ -85,6 +87,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         base["max_examples"] = examples
     if seed is not None:
         base["derandomize"] = False  # an explicit seed replaces the profile's fixed one
+    # The seeds count as examples: --examples N runs N cases in all.
+    chosen_seeds = seed_cases(semantics)[: max(0, base["max_examples"] - 1)] if seeds else []
+    base["max_examples"] -= len(chosen_seeds)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     db = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir and not base["derandomize"] else None
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile)
@@ -115,6 +120,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             failing[key] = judged
             raise FindingRaised(judged)
 
+    for case in reversed(chosen_seeds):
+        campaign_case = example(case=case, schedule="adversarial")(campaign_case)
     if seed is not None:
         campaign_case = _seeded(campaign_case, seed)
     try:

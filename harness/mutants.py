@@ -265,7 +265,7 @@ def _threshold_off_by_one() -> Classes:
 
 
 @mutant("swa_loc_length_mismatch", "swa_out_cache_loc is one row short, so the forward re-translates through the "
-        "live mapping after the event", "#32460 / #33587", "differential")
+        "live mapping after the event", "#32460 / #33587", "policy")
 def _swa_loc_length_mismatch() -> Classes:
     def build_core_metadata(self, fb):
         core = DeepseekV4AttnBackend.build_core_metadata(self, fb)
@@ -293,7 +293,7 @@ def _copy_reassigns_captured() -> Classes:
 
 
 @mutant("in_graph_live_metadata", "a captured in-graph metadata step re-reads live req_to_token / Full-to-SWA during "
-        "replay, after a pre-replay event", "#31686 (trtllm_mha)", "differential")
+        "replay, after a pre-replay event", "#31686 (trtllm_mha)", "happens-before")
 def _in_graph_live_metadata() -> Classes:
     class Runner(PrefillGraphRunner):
         def _capture(self, bucket, padded):

@@ -2,14 +2,13 @@
 driven on the harness's device (the CPU simulator or CUDA). See `session.py` for what runs real SGLang code
 and what is replaced.
 
-Install (a separate environment; SGLang pins torch 2.14.1 and imports torchvision, whose PyPI build needs
-CUDA torch's libraries, so the CPU build of torch 2.13.0 does not import it):
+Install (its own environment: SGLang pins torch 2.14.1, and the CPU build of torch 2.13.0 cannot import
+torchvision, which sglang imports):
 
-    pip install torch==2.14.1 torchvision==0.29.1
-    pip install --no-deps sglang==0.5.23
-    pip install numpy msgspec triton==3.8.0 transformers==5.19.0 tokenizers==0.23.2 gguf compressed-tensors==0.18.0 \
-        apache-tvm-ffi==0.1.11 orjson pydantic psutil pyzmq aiohttp IPython pybase64 setproctitle einops pillow \
-        starlette dill sentencepiece==0.2.1 openai==2.8.0 partial-json-parser uvicorn fastapi
+    python3 -m venv /tmp/sgl-venv
+    /tmp/sgl-venv/bin/pip install -r harness/sglang_target/requirements-cpu.txt
+    /tmp/sgl-venv/bin/pip install --no-deps sglang==0.5.23
+    /tmp/sgl-venv/bin/pip install --no-deps -e .
 """
 
 from __future__ import annotations

@@ -85,12 +85,6 @@ class SglangApi:
     semantics_detail: str
     mods: dict[str, Any] = field(default_factory=dict)
 
-    def __getattr__(self, name: str) -> Any:  # api.BACKEND_MOD etc. are looked up through mods
-        mods = self.__dict__.get("mods", {})
-        if name in mods:
-            return mods[name]
-        raise AttributeError(name)
-
     @property
     def backend_cls(self):
         return self.mods["backend"].DeepseekV4AttnBackend

@@ -29,7 +29,6 @@ that computes on tensors runs inside the launched closure (holders carry its res
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -312,6 +311,15 @@ class SglangSession(ReferenceSession):
                                               forward_stream=_StreamShim(device, device.forward_stream))
         self._apply_war_barrier = lambda: sched_mod.Scheduler._apply_war_barrier(self.scheduler_stub)
 
+    def load(self, world) -> ForwardBatch:
+        """The reference's allocation, with the per-batch tensors in SGLang's dtypes: `seq_lens` and
+        `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here). The
+        dtype matters: the real chunk cache keeps `seq_lens.to(torch.int32)`, a private copy only when the
+        batch's tensor is not already int32 (an int32 one would be aliased and re-read by every layer)."""
+        fb = super().load(world)
+        return dataclasses.replace(fb, seq_lens=fb.seq_lens.to(torch.int64),
+                                   req_pool_indices=fb.req_pool_indices.to(torch.int64))
+
     def step(self, fb, *, graph, process_batch_result, after_launch):
         """One overlap-loop iteration: run_batch, at once the real `_apply_war_barrier`, then the schedule stream."""
         dev = self.device
@@ -456,7 +464,9 @@ class SglangModelRunner:
         self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
         if fb.forward_mode.is_idle():
             return {}
-        if graph and fb.forward_mode is not HForwardMode.DECODE and self.graph_runner.can_run_graph(fb.num_tokens):
+        # The prefill graph runner takes extends (not decode, not target-verify: can_replay_locally refuses it).
+        if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
+                and self.graph_runner.can_run_graph(fb.num_tokens)):
             out = self.graph_runner.execute(fb)
         else:
             out = self.eager_forward(fb)
@@ -657,12 +667,5 @@ class SglangPrefillGraphRunner:
         self.graphs[bucket] = graphs
 
 
-def copy_cache_fields(cache) -> dict[str, torch.Tensor]:
-    """The real cache's snapshot fields, on the CPU (for the differential against the reference)."""
-    return {name: getattr(cache, name).detach().cpu().clone() for name in
-            ("swa_token_ids", "swa_first_pos", "swa_gather_lens", "swa_offsets", "query_pos",
-             "c0_combined_indices", "c0_combined_lens")}
-
-
 __all__ = ["SglangSession", "SglangModelRunner", "BACKEND_ATTRIBUTES", "BACKEND_HOOKS", "CORE_METADATA_FIELDS",
-           "FORWARD_BATCH_FIELDS", "copy_cache_fields", "copy"]
+           "FORWARD_BATCH_FIELDS"]

@@ -1,0 +1,164 @@
+"""`--target sglang`: the installed SGLang package's real code, judged by the harness's oracles.
+
+Needs sglang 0.5.23 and its CPU import dependencies (see harness/sglang_target/__init__.py); skipped
+without them. The Triton metadata kernels run in Triton's interpreter, so TRITON_INTERPRET=1 is set
+before anything imports triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("sglang", reason="the sglang package is not installed: --target sglang needs "
+                                     "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from harness.case import Batch, Case, Flags, Mutation, Request  # noqa: E402
+from harness.engine import run_case  # noqa: E402
+from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
+from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.strategies import cases  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def target():
+    from harness.sglang_target import SglangTarget
+
+    return SglangTarget()
+
+
+def kinds(result):
+    return [(f.oracle, f.kind) for f in result.findings]
+
+
+def notes(result, kind):
+    return [data for batch in result.overlapped.notes for k, data in batch if k == kind]
+
+
+REWRITE = Mutation("req_to_token_rewrite")
+FIXED = {
+    "extend-sparse": Case(batches=(Batch(requests=(Request(3, 5), Request(0, 6)),
+                                         mutations=(REWRITE, Mutation("swa_clear", count=3))),)),
+    "extend-dense": Case(flags=Flags(SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
+                         batches=(Batch(requests=(Request(9, 4),), mutations=(Mutation("swa_repoint", count=2),)),)),
+    "dflash": Case(spec=SpeculativeAlgorithm.DFLASH,
+                   batches=(Batch(requests=(Request(10, 7),), mutations=(Mutation("kv_realloc", count=2),)),)),
+    "graph-fresh": Case(batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
+    "graph-bcg": Case(graph_contract="bcg",
+                      batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
+}
+
+
+def test_reports_the_installed_version_and_semantics(target):
+    from harness.sglang_target.session import BACKEND_ATTRIBUTES
+
+    assert target.version == "0.5.23" and target.semantics == "0.5.23"
+    assert "resolve_prefill_shared_read_ends" in target.semantics_detail
+    assert target.semantics_supported == ("0.5.23",) and target.name == "sglang-0.5.23"
+    assert any(a.startswith("token_to_kv_pool") for a in BACKEND_ATTRIBUTES)
+
+
+@pytest.mark.parametrize("name", list(FIXED))
+def test_fixed_cases_run_clean_and_publish(target, name):
+    result = run_case(target, FIXED[name], "cpu", target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+    published = notes(result, "publish")
+    if name == "graph-bcg":  # the captured-metadata replay builds no snapshot: the coarse barrier
+        assert not published and notes(result, "lazy_build")
+    else:
+        assert published and published[0]["stream"] == "forward"
+        snapshot, forward = notes(result, "snapshot")[0], notes(result, "forward")[0]
+        assert snapshot["sparse"] == forward["sparse"] == (name != "extend-dense")
+
+
+def test_eagle_resolves_pre_replay_but_never_publishes(target):
+    case = Case(spec=SpeculativeAlgorithm.EAGLE,
+                batches=(Batch(requests=(Request(10, 7),), mutations=(REWRITE,)),))
+    result = run_case(target, case, "cpu", target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+    assert notes(result, "snapshot") and not notes(result, "publish")  # the gate is at publish time
+
+
+def _eager_extend(case: Case) -> Case:
+    batches = tuple(dataclasses.replace(b, mode=ForwardMode.EXTEND, graph=False)
+                    for b in case.batches if b.requests) or (Batch(),)
+    return dataclasses.replace(case, batches=batches)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(case=cases(large=False).map(_eager_extend))
+def test_differential_against_reference_finds_no_difference(target, case):
+    from harness.sglang_target import differential_against_reference
+
+    assert differential_against_reference(case, target=target) == []
+
+
+def test_differential_names_the_fields_that_differ(target):
+    """MIXED: SGLang's eager runner runs it as EXTEND (and publishes); the reference model does not."""
+    from harness.sglang_target import differential_against_reference
+
+    case = Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(2, 5), Request(9, 1))),))
+    assert {"publish", "snapshot"} <= set(differential_against_reference(case, target=target))
+
+
+SPARSE_WITH_REWRITE = Case(batches=(Batch(requests=(Request(6, 5), Request(0, 4)),
+                                          mutations=(Mutation("req_to_token_rewrite", count=2),)),))
+
+
+def test_seeded_break_snapshot_skips_the_build_is_reported(target, monkeypatch):
+    """The installed package broken: the snapshot claims PRE_REPLAY without building the cache."""
+    from harness.sglang_target._api import load_api
+
+    api = load_api()
+    monkeypatch.setattr(api.backend_cls, "_snapshot_prefill_shared_reads",
+                        lambda self, fb, *, num_qo_tokens: api.mods["base_backend"].SharedReadEnds.PRE_REPLAY)
+    result = run_case(target, SPARSE_WITH_REWRITE, "cpu", target_spec="sglang")
+    found = set(kinds(result))
+    assert ("policy", "read-after-publish") in found and ("policy", "sparse-decision-disagrees") in found
+    assert ("happens-before", "unordered-access") in found
+    assert "--target sglang" in result.replay and "--case" in result.replay
+
+
+def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, monkeypatch):
+    """The #36639 fixture bug: an object-built backend that never got `token_to_kv_pool`."""
+    from harness.sglang_target.session import SglangModelRunner
+
+    build = SglangModelRunner._build_backend
+
+    def broken(self):
+        backend = build(self)
+        del backend.token_to_kv_pool
+        return backend
+
+    monkeypatch.setattr(SglangModelRunner, "_build_backend", broken)
+    result = run_case(target, SPARSE_WITH_REWRITE, "cpu", target_spec="sglang")
+    assert ("execution", "target-raised") in kinds(result)
+    assert "token_to_kv_pool" in result.findings[0].message and "--target sglang" in result.replay
+
+
+def test_a_case_of_other_semantics_is_refused(target):
+    from harness.device import SimDevice
+
+    with pytest.raises(InvalidArgument, match="semantics"):
+        target.open(Case(semantics="pr", spec=SpeculativeAlgorithm.DFLASH), SimDevice())
+
+
+def test_a_missing_sglang_name_is_an_environment_error(target, monkeypatch):
+    from harness.sglang_target import _api
+
+    api = _api.load_api()
+    monkeypatch.delattr(api.mods["spec"].SpeculativeAlgorithm, "supports_prefill_shared_read_done")
+    _api.load_api.cache_clear()
+    try:
+        with pytest.raises(EnvironmentBroken, match="supports_prefill_shared_read_done") as info:
+            _api.load_api()
+        assert info.value.exit_code == 3
+    finally:
+        _api.load_api.cache_clear()
