@@ -74,6 +74,7 @@ class CaseResult:
 def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
             poison_ok: bool = True) -> RunRecord:
     device = make_device(device_name, schedule=schedule)
+    device.race_delay = case.delay_cycles
     session = target.open(case, device)
     sizes = PoolSizes.for_case(case)
     record = RunRecord()

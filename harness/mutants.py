@@ -16,6 +16,7 @@ from harness.model import runners
 from harness.model.backend import AttentionBackend, DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import COPY_IN_PLACE, DSV4AttnMetadata, DSV4Metadata, _now
+from harness.model.pools import staged
 from harness.model.runners import EagerRunner, ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
 from harness.target import Classes, ReferenceTarget
@@ -136,10 +137,10 @@ def _snapshot_is_view() -> Classes:
         if cache is not None:
             r2t = self.req_to_token_pool.req_to_token
             f2s = self.token_to_kv_pool.full_to_swa_index_mapping
-            rows = torch.tensor([r for r, g in enumerate(cache.swa_gather_lens) for _ in range(g)], dtype=torch.int64,
-                                device=r2t.device)
-            pos = torch.tensor([p for f, s in zip(cache.swa_first_pos, cache.seq_lens_cpu) for p in range(f, s)],
-                               dtype=torch.int64, device=r2t.device)
+            rows = staged([r for r, g in enumerate(cache.swa_gather_lens) for _ in range(g)], torch.int64,
+                          r2t.device)
+            pos = staged([p for f, s in zip(cache.swa_first_pos, cache.seq_lens_cpu) for p in range(f, s)],
+                         torch.int64, r2t.device)
 
             def view_read():
                 cache.swa_token_ids.copy_(f2s[r2t[fb.req_pool_indices.long()[rows], pos].long()])
@@ -318,7 +319,7 @@ def _in_graph_live_metadata() -> Classes:
         def _load_static_inputs(self, bucket, padded):
             PrefillGraphRunner._load_static_inputs(self, bucket, padded)
             rows, positions = self.row_pool_idx[bucket], self.static_positions[bucket]
-            row_req = torch.tensor(padded.row_req, dtype=torch.int64, device=rows.device)
+            row_req = staged(padded.row_req, torch.int64, rows.device)
             self.model_runner.device.launch(
                 "load_batch.row_pool_idx",
                 lambda: (rows.copy_(padded.req_pool_indices.long()[row_req]), positions.copy_(padded.positions)),

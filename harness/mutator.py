@@ -12,6 +12,7 @@ import random
 import torch
 
 from harness.case import Mutation
+from harness.model.pools import staged, to_device
 from harness.world import BatchWorld, gather_len
 
 
@@ -60,7 +61,7 @@ class Mutator:
             else:
                 gen = torch.Generator().manual_seed(self.rng.randrange(1 << 30))
                 values = torch.randint(1, full_size, (r2t.shape[1],), generator=gen, dtype=r2t.dtype)
-            values = values.to(self._tdev())
+            values = to_device(values, self._tdev())
             self._launch(f"req_to_token_rewrite(row={row})", lambda row=row, v=values: r2t[row].copy_(v),
                          {"req_to_token": frozenset({row})})
 
@@ -72,7 +73,7 @@ class Mutator:
         for row in self._rows(m):
             self.rng.shuffle(pages)
             pos = torch.arange(r2t.shape[1])
-            values = (torch.tensor(pages)[(pos // ps) % len(pages)] * ps + pos % ps).to(r2t.dtype).to(self._tdev())
+            values = to_device((torch.tensor(pages)[(pos // ps) % len(pages)] * ps + pos % ps).to(r2t.dtype), self._tdev())
             self._launch(f"req_pool_reuse(row={row})", lambda row=row, v=values: r2t[row].copy_(v),
                          {"req_to_token": frozenset({row})})
 
@@ -80,7 +81,7 @@ class Mutator:
         f2s = self.session.full_to_swa
         slots = self._window_slots(m.count)
         if slots:
-            idx = torch.tensor(slots, dtype=torch.int64).to(self._tdev())
+            idx = staged(slots, torch.int64, self._tdev())
             self._launch(f"full_to_swa.index_fill_({len(slots)})", lambda: f2s.index_fill_(0, idx, 0),
                          {"full_to_swa": frozenset(slots)})
 
@@ -94,8 +95,8 @@ class Mutator:
         else:
             spare = list(w.spare_swa) or [1]
             values = [self.rng.choice(spare) for _ in slots]
-        idx = torch.tensor(slots, dtype=torch.int64).to(self._tdev())
-        val = torch.tensor(values, dtype=torch.int64).to(self._tdev())
+        idx = staged(slots, torch.int64, self._tdev())
+        val = staged(values, torch.int64, self._tdev())
         self._launch(f"full_to_swa.repoint({len(slots)})", lambda: f2s.index_copy_(0, idx, val),
                      {"full_to_swa": frozenset(slots)})
 
@@ -107,9 +108,9 @@ class Mutator:
             return
         row = self.rng.choice(w.spare_rows)
         spare = list(w.spare_swa) or [1]
-        idx = torch.tensor(slots, dtype=torch.int64).to(self._tdev())
-        val = torch.tensor([self.rng.choice(spare) for _ in slots], dtype=torch.int64).to(self._tdev())
-        row_vals = torch.tensor(slots[: r2t.shape[1]], dtype=r2t.dtype).to(self._tdev())
+        idx = staged(slots, torch.int64, self._tdev())
+        val = staged([self.rng.choice(spare) for _ in slots], torch.int64, self._tdev())
+        row_vals = staged(slots[: r2t.shape[1]], r2t.dtype, self._tdev())
 
         def realloc():
             f2s.index_fill_(0, idx, 0)
@@ -138,6 +139,6 @@ class Mutator:
         slots = blocks or [s for row in w.full_slots for s in row]  # no block yet: evict plain slots
         slots = self.rng.sample(slots, min(m.count, len(slots)))
         if slots:
-            idx = torch.tensor(slots, dtype=torch.int64).to(self._tdev())
+            idx = staged(slots, torch.int64, self._tdev())
             self._launch(f"full_to_hisparse.evict({len(slots)})", lambda: f2h.index_fill_(0, idx, 0),
                          {"full_to_hisparse": frozenset(slots)})

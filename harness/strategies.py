@@ -111,13 +111,16 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True) -> Case:
         batches.append(draw(batch(hisparse=f.hisparse)))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
                 graph_contract=draw(st.sampled_from(["fresh", "bcg"])),
-                delay_cycles=draw(st.sampled_from([0, 2_000_000, 20_000_000])),
+                delay_cycles=draw(st.sampled_from([0, 20_000_000, 100_000_000])),
                 data_seed=draw(st.integers(0, 2**16)))
 
 
 def schedules():
     """The simulator's policy for one example: adversarial, or a seeded random interleaving."""
     return st.one_of(st.just("adversarial"), st.integers(0, 2**16).map(lambda s: f"random:{s}"))
+
+
+SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the forward sleeps right after the event
 
 
 def seed_cases(semantics: str) -> list[Case]:
@@ -133,7 +136,8 @@ def seed_cases(semantics: str) -> list[Case]:
     mixed = (Request(9, 6), Request(5, 1))
 
     def case(*batches, flags=base, contract="fresh", spec=spec, dims=Dims()):
-        return Case(semantics=semantics, spec=spec, flags=flags, dims=dims, batches=batches, graph_contract=contract)
+        return Case(semantics=semantics, spec=spec, flags=flags, dims=dims, batches=batches, graph_contract=contract,
+                    delay_cycles=SEED_DELAY_CYCLES)
 
     extend = Batch(requests=two, mutations=mut)
     replay = Batch(requests=two, graph=True, mutations=mut)

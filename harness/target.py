@@ -79,7 +79,6 @@ class ReferenceSession:
             device=device, flags=case.flags, semantics=case.semantics, spec_algorithm=case.spec, dims=dims,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool, sink=self.sink,
             probe=self.probe, graph_contract=case.graph_contract)
-        self.model_runner.delay_cycles = case.delay_cycles
         self.scheduler = classes.scheduler(device, self.model_runner, case.flags)
 
     @property

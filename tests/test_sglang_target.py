@@ -143,6 +143,30 @@ def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, monke
     assert "token_to_kv_pool" in result.findings[0].message and "--target sglang" in result.replay
 
 
+def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
+    """Large batches launch the real combine kernel with a wider tile; the indices must not change."""
+    import torch
+
+    from harness.sglang_target._api import RetiledCombineKernel
+
+    combine = target.api.mods["kernels"].combine_topk_swa_indices
+    lens, pad = [13, 1, 22], 5
+    starts = torch.tensor([0, 13, 14, 36], dtype=torch.int32)
+    seq = torch.tensor([20, 9, 40], dtype=torch.int32)
+    pos = torch.cat([torch.arange(s - n, s) for s, n in zip(seq.tolist(), lens)] + [torch.zeros(pad, dtype=torch.int64)])
+    topk = torch.randint(-1, 9, (sum(lens) + pad, 4), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    args = dict(topk_indices=topk, query_start_loc=starts, query_pos=pos.to(torch.int32), seq_lens=seq,
+                gather_lens=torch.minimum(seq, torch.tensor(lens, dtype=torch.int32) + 7),
+                compressed_base=torch.tensor([0, 10, 20], dtype=torch.int32),
+                swa_base=torch.tensor([30, 50, 60], dtype=torch.int32), window_size=8, compress_ratio=4, topk=4)
+    assert isinstance(target.api.mods["kernels"]._combine_topk_swa_indices_kernel, RetiledCombineKernel)
+    monkeypatch.setattr(RetiledCombineKernel, "ABOVE", 8)
+    retiled = combine(**args)
+    monkeypatch.setattr(RetiledCombineKernel, "ABOVE", 1 << 30)
+    original = combine(**args)
+    assert torch.equal(retiled[0], original[0]) and torch.equal(retiled[1], original[1])
+
+
 def test_a_case_of_other_semantics_is_refused(target):
     from harness.device import SimDevice
 

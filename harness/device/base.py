@@ -61,6 +61,7 @@ class Device:
         self.current_stream = self.forward_stream
         self._capturing: Optional[GraphCapture] = None
         self.delays: list[int] = []
+        self.race_delay = 0  # cycles the forward stream sleeps right after recording an event
 
     # -- streams and events ------------------------------------------------------------------
 
@@ -96,6 +97,9 @@ class Device:
         event = Event(self._new_event_id())
         self.tracker.record(event.id, stream.id)
         self._record(event, stream)
+        if self.race_delay and stream is self.forward_stream:
+            with self.stream(stream):
+                self.delay(self.race_delay)  # so that a read after the event really loses the race
         return event
 
     def wait_event(self, stream: Stream, event: Event) -> None:

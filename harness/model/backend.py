@@ -16,7 +16,7 @@ from harness.model.attention import ceil_align, sparse_attention
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import (_LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
                                     SparsePrefillChunkCache)
-from harness.model.pools import ForwardBatch
+from harness.model.pools import ForwardBatch, staged
 
 I32, I64 = torch.int32, torch.int64
 PER_BATCH = ("fb.req_pool_indices", "fb.positions", "fb.seq_lens", "fb.extend_seq_lens", "fb.out_cache_loc")
@@ -135,7 +135,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         f2s = self.token_to_kv_pool.full_to_swa_index_mapping
         tdev, rows, ps = r2t.device, fb.num_tokens, dims.page_size
         pages, c128_max = r2t.shape[1] // ps, max(r2t.shape[1] // 128, 1)
-        row_req = torch.tensor(fb.row_req, dtype=I64, device=tdev)
+        row_req = staged(fb.row_req, I64, tdev)
 
         def empty(*shape, dtype=I32):
             return torch.empty(*shape, dtype=dtype, device=tdev)
@@ -214,10 +214,10 @@ class DeepseekV4AttnBackend(AttentionBackend):
         gather = [min(s, e + window - 1) for s, e in zip(seq, ext)]
         first = [s - g for s, g in zip(seq, gather)]
         offsets = _cumsum(gather)
-        entry_req = torch.tensor([r for r, g in enumerate(gather) for _ in range(g)], dtype=I64, device=tdev)
-        entry_pos = torch.tensor([p for f, s in zip(first, seq) for p in range(f, s)], dtype=I64, device=tdev)
+        entry_req = staged([r for r, g in enumerate(gather) for _ in range(g)], I64, tdev)
+        entry_pos = staged([p for f, s in zip(first, seq) for p in range(f, s)], I64, tdev)
         row_req = list(core.row_req[:real])
-        base = torch.tensor([offsets[r] - first[r] for r in row_req], dtype=I64, device=tdev)
+        base = staged([offsets[r] - first[r] for r in row_req], I64, tdev)
         width = ceil_align(window, dims.index_align)
         cache = SparsePrefillChunkCache(
             num_qo_tokens=num_qo_tokens, num_real_rows=real,
@@ -286,8 +286,8 @@ class DeepseekV4AttnBackend(AttentionBackend):
         core = copy.copy(self.forward_metadata.core_attn_metadata)
         r2t = self.req_to_token_pool.req_to_token
         f2s = self.token_to_kv_pool.full_to_swa_index_mapping
-        sel = torch.tensor(rows, dtype=I64, device=r2t.device)
-        row_req = torch.tensor([fb.row_req[t] for t in rows], dtype=I64, device=r2t.device)
+        sel = staged(rows, I64, r2t.device)
+        row_req = staged([fb.row_req[t] for t in rows], I64, r2t.device)
 
         def step():
             rpi = fb.req_pool_indices.long()[row_req]
@@ -415,13 +415,13 @@ class DeepseekV4AttnBackend(AttentionBackend):
         width = (dims.index_topk if ratio == 4 else core.c128_page_indices.shape[1]) if ratio else 0
         if ratio:
             blocks = [s // ratio for s in seq]
-            comp_base = torch.tensor(_cumsum(blocks)[:-1], dtype=I64, device=tdev)
-            first_row = torch.tensor([cache.query_start_loc[r] if r < len(cache.query_start_loc) - 1 else 0
-                                      for r in range(len(seq))], dtype=I64, device=tdev)
-            entry_req = torch.tensor([r for r, b in enumerate(blocks) for _ in range(b)], dtype=I64, device=tdev)
-            entry_pos = torch.tensor([i * ratio for b in blocks for i in range(b)], dtype=I64, device=tdev)
-            row_req = torch.tensor(cache.row_req + [cache.row_req[-1] if cache.row_req else 0]
-                                   * (cache.num_qo_tokens - cache.num_real_rows), dtype=I64, device=tdev)
+            comp_base = staged(_cumsum(blocks)[:-1], I64, tdev)
+            first_row = staged([cache.query_start_loc[r] if r < len(cache.query_start_loc) - 1 else 0
+                                      for r in range(len(seq))], I64, tdev)
+            entry_req = staged([r for r, b in enumerate(blocks) for _ in range(b)], I64, tdev)
+            entry_pos = staged([i * ratio for b in blocks for i in range(b)], I64, tdev)
+            row_req = staged(cache.row_req + [cache.row_req[-1] if cache.row_req else 0]
+                                   * (cache.num_qo_tokens - cache.num_real_rows), I64, tdev)
         reads = {f"swa_kv[{layer}]": None, "cache.swa_token_ids": None, "cache.c0_combined_indices": None}
         if ratio:
             reads.update({f"extra_kv[{layer}]": None, "meta.page_table": None, "meta.positions_casual": None})

@@ -10,6 +10,21 @@ import torch
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host data onto the device without a host sync: pinned memory, copied in stream order.
+
+    A pageable copy would block the host until the stream drains, which on CUDA closes the very
+    race window the delay opens.
+    """
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def staged(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return to_device(torch.tensor(values, dtype=dtype), device)
+
+
 class ReqToTokenPool:
     """req_to_token [max_reqs, max_context] int32: request row -> full KV slot per position."""
 

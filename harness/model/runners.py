@@ -11,7 +11,7 @@ import torch
 from harness.model.backend import DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import DSV4Metadata
-from harness.model.pools import ForwardBatch
+from harness.model.pools import ForwardBatch, staged
 
 _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR = 2
 
@@ -235,11 +235,8 @@ class ModelRunner:
         dims = self.dims
         out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
                           device=self.token_to_kv_pool.swa_kv.device)
-        self.device.delay(self.delay_cycles)
         self.attn_backend.forward_layers(fb, out, store_compressed=store_compressed)
         return out
-
-    delay_cycles = 0
 
     def run_speculative_tail(self, fb: ForwardBatch) -> dict[str, torch.Tensor]:
         """What runs after target prefill: EAGLE-family draft extend re-reads the tables (a later
@@ -256,7 +253,7 @@ class ModelRunner:
             return {}
         r2t, f2s = self.req_to_token_pool.req_to_token, pool.full_to_swa_index_mapping
         rows = fb.num_tokens
-        row_req = torch.tensor(fb.row_req[:rows], dtype=torch.int64, device=r2t.device)
+        row_req = staged(fb.row_req[:rows], torch.int64, r2t.device)
         indices = torch.empty(rows, self.dims.swa_window, dtype=torch.int64, device=r2t.device)
         draft_out = torch.zeros(rows, self.dims.heads, self.dims.head_dim, device=r2t.device)
 

@@ -169,7 +169,8 @@ def _check_interpreter(kernels, version: str) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
     for name in ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel"):
-        if not isinstance(getattr(kernels, name), InterpretedFunction):
+        kernel = getattr(kernels, name)
+        if not isinstance(getattr(kernel, "kernel", kernel), InterpretedFunction):
             raise EnvironmentBroken(
                 f"--target sglang: sglang {version}'s Triton kernel {name} was compiled, not interpreted: set "
                 "TRITON_INTERPRET=1 before anything imports triton or sglang (it is read when a kernel is defined)")
@@ -181,3 +182,41 @@ def _check_interpreter(kernels, version: str) -> None:
         import dataclasses
 
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    combine = kernels._combine_topk_swa_indices_kernel
+    if not isinstance(combine, RetiledCombineKernel):
+        params = inspect.signature(combine.fn).parameters
+        if "BLOCK_T" in params and "num_tokens" in params:
+            kernels._combine_topk_swa_indices_kernel = RetiledCombineKernel(combine)
+
+
+class RetiledCombineKernel:
+    """Interpreter launch retiling of `_combine_topk_swa_indices_kernel`, for large inputs only.
+
+    SGLang launches it with BLOCK_T=2 tokens per program (tuned on a B200); interpreted, each program costs
+    ~30 ms, so the 11674-row batches at the sparse threshold took minutes. The kernel is written for any
+    power-of-two BLOCK_T (`token = pid * BLOCK_T + arange(BLOCK_T)`, masked by `token < num_tokens`), so
+    above `ABOVE` rows the same kernel is launched with BLOCK_T=`BLOCK` and the grid to match; below it
+    (every small drawn case) SGLang's own launch runs unchanged.
+    """
+
+    ABOVE = 1024
+    BLOCK = 128
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.fn = kernel.fn
+        self._signature = inspect.signature(kernel.fn)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            named = {k: v for k, v in kwargs.items() if k in self._signature.parameters}
+            num_tokens = int(self._signature.bind_partial(*args, **named).arguments["num_tokens"])
+            if num_tokens > self.ABOVE:
+                kwargs["BLOCK_T"] = self.BLOCK
+                return self.kernel[(-(-num_tokens // self.BLOCK),)](*args, **kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)

@@ -24,6 +24,9 @@ sequence (replicated from `EagerRunner.execute` / `_execute_extend`, including i
 
 Every tensor operation is issued through `device.launch` with its reads and writes declared; real SGLang code
 that computes on tensors runs inside the launched closure (holders carry its results).
+
+Interpreter settings (`_api.py`): TRITON_INTERPRET=1; the interpreter's int overflow sanitizer off (compiled
+kernels skip it too); above 1024 rows the combine kernel is launched with 128 tokens per program instead of 2.
 """
 
 from __future__ import annotations
