@@ -133,12 +133,29 @@ def test_publish_gates(rule, fields, publishes):
     assert not result.findings
 
 
-@pytest.mark.parametrize("mode", [ForwardMode.MIXED, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
-                                  ForwardMode.DRAFT_EXTEND])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND])
 def test_only_extend_publishes(mode):
     case = Case(batches=(Batch(mode=mode, requests=(Request(7, 5), Request(4, 1))),))
     result = run_case(ReferenceTarget(), case, DEVICE)
     assert "publish" not in [k for k, _ in result.overlapped.notes[0]]
+    assert not result.findings
+
+
+MIXED = (Request(7, 5), Request(4, 1))
+
+
+@pytest.mark.parametrize("semantics,graph,cp,publishes", [
+    ("0.5.23", False, False, True),   # EagerRunner.execute runs a mixed batch as EXTEND
+    ("0.5.23", True, False, False),   # graph replay keeps MIXED
+    ("0.5.23", False, True, False),   # CP keeps MIXED (and closes the gate anyway)
+    ("pr", False, False, False),
+])
+def test_mixed_publishes_only_where_it_runs_as_extend(semantics, graph, cp, publishes):
+    case = Case(semantics=semantics, spec=S.DFLASH,
+                flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=cp),
+                batches=(Batch(mode=ForwardMode.MIXED, requests=MIXED, graph=graph),))
+    result = run_case(ReferenceTarget(), case, DEVICE)
+    assert ("publish" in [k for k, _ in result.overlapped.notes[0]]) is publishes
     assert not result.findings
 
 
@@ -192,8 +209,8 @@ FIRES = [
     ("graph_snapshot_real_count", Case(batches=(Batch(requests=(Request(5, 6), Request(0, 3)), graph=True),)),
      "target-raised"),
     ("eagle_publishes", Case(spec=S.EAGLE, batches=(Batch(requests=(Request(3, 5),)),)), "unexpected-publish"),
-    ("mixed_publishes", Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(3, 5), Request(6, 1))),)),
-     "unexpected-publish"),
+    ("mixed_publishes", Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(3, 5), Request(6, 1)),
+                                            graph=True),)), "unexpected-publish"),
     ("fast_path_lost", Case(batches=(Batch(requests=(Request(3, 5),)),)), "missed-fast-path"),
     ("offload_gate_missing", Case(flags=Flags(hierarchical_cache=True), batches=(Batch(requests=(Request(3, 5),)),)),
      "unexpected-publish"),

@@ -193,8 +193,9 @@ def load_target(spec: str, *, mutant: str | None = None) -> Target:
     if spec == "reference":
         return ReferenceTarget()
     if spec == "sglang":
-        raise EnvironmentBroken("--target sglang: the sglang adapter is not built yet (issue 5); "
-                                "use --target reference or --target module:factory")
+        from harness.sglang_target import SglangTarget
+
+        return SglangTarget()
     module_name, sep, factory_name = spec.partition(":")
     if not sep or not module_name or not factory_name:
         raise InvalidArgument(f"--target={spec!r} is not one of: reference, sglang, MODULE:FACTORY")

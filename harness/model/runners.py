@@ -67,6 +67,10 @@ class EagerRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         mr = self.model_runner
         backend = mr.attn_backend
+        if mr.semantics != "pr" and fb.forward_mode is ForwardMode.MIXED and not mr.flags.cp_active:
+            # 0.5.23 EagerRunner.execute: a mixed batch is extend-shaped (decode tails are 1-token
+            # extends), so it runs as EXTEND; CP keeps MIXED.
+            fb = replace(fb, forward_mode=ForwardMode.EXTEND)
         backend.init_forward_metadata(fb)
         if mr.semantics == "pr":
             backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=len(fb.input_ids))

@@ -559,7 +559,7 @@ class SglangModelRunner:
                                f"the forward has {rows}")
         pool, ratio, sink = self.session.token_to_kv_pool, dims.layer_ratios[layer], self.session.sink[layer]
         page_table, raw4, c128 = core.page_table, core.c4_sparse_raw_indices, core.c128_page_indices
-        core_view = SimpleNamespace(sparse_page_indices=core.sparse_page_indices)
+        core_view = SimpleNamespace(sparse_page_indices=lambda r: c128 if r == 128 else None)  # bound at issue
         ps, scale = dims.page_size, dims.head_dim ** -0.5
         hisparse = self.case.flags.hisparse
 
