@@ -87,6 +87,11 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         after_launch = ((lambda: device.wait_stream(device.schedule_stream, device.forward_stream))
                         if barriered else (lambda: None))
         began = time.perf_counter()
+        if not barriered and case.delay_cycles:
+            # The forward stream is still busy with the previous batch: a scheduler that does not
+            # wait for this batch's event (or waits on the wrong one) then really overtakes its reads.
+            with device.stream(device.forward_stream):
+                device.delay(case.delay_cycles)
         try:
             outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: mutator.issue(batch.mutations),
                                    after_launch=after_launch)

@@ -39,11 +39,11 @@ def make_target() -> SglangTarget:
     return SglangTarget()
 
 
-def differential_against_reference(case: Case, *, target: SglangTarget | None = None) -> list[str]:
-    """Names of the fields where the real SGLang code and the reference model disagree on `case`."""
+def differential_against_reference(case: Case, *, target: SglangTarget | None = None, reference=None) -> list[str]:
+    """Names of the fields where the real SGLang code and the reference model (or `reference`) disagree."""
     from harness.sglang_target.differential import differential_against_reference as run
 
-    return run(case, target=target)
+    return run(case, target=target, reference=reference)
 
 
 __all__ = ["SglangTarget", "make_target", "differential_against_reference"]

@@ -106,13 +106,13 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
     return diffs
 
 
-def differential_details(case: Case, *, target=None) -> dict[str, str]:
+def differential_details(case: Case, *, target=None, reference=None) -> dict[str, str]:
     from harness.sglang_target import SglangTarget
 
     case.validate()
     target = target or SglangTarget()
-    return compare(case, _run(target, case), _run(ReferenceTarget(), case))
+    return compare(case, _run(target, case), _run(reference or ReferenceTarget(), case))
 
 
-def differential_against_reference(case: Case, *, target=None) -> list[str]:
-    return list(differential_details(case, target=target))
+def differential_against_reference(case: Case, *, target=None, reference=None) -> list[str]:
+    return list(differential_details(case, target=target, reference=reference))
