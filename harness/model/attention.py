@@ -39,27 +39,25 @@ def reference_attention(world, layer: int, rows: list[int] | None = None) -> tor
     ratio = dims.layer_ratios[layer]
     scale = dims.head_dim ** -0.5
     sink = world.sink[layer].double()
+    q_all = world.q[layer].double()
+    latents = [lat[layer].double() for lat in world.latents]
+    blocks = [world.block_means(r, layer, ratio).double() if ratio else None for r in range(len(latents))]
     wanted = None if rows is None else set(rows)
     rows = []
     for t, (r, pos) in enumerate(world.token_rows()):
         if wanted is not None and t not in wanted:
             continue
-        lat = world.latents[r][layer].double()
         swa_len = min(pos + 1, dims.swa_window)
-        keys = [lat[pos - swa_len + 1:pos + 1]]
+        k = latents[r][pos - swa_len + 1:pos + 1]
         if ratio:
             visible = (pos + 1) // ratio
-            if ratio == 4:
-                chosen = indexer_topk(world, r, t, visible)
-            else:
-                chosen = list(range(visible))
+            chosen = indexer_topk(world, r, t, visible) if ratio == 4 else list(range(visible))
             if chosen:
-                keys.insert(0, torch.stack([world.compressed(r, layer, ratio, b).double() for b in chosen]))
-        k = torch.cat(keys)
-        q = world.q[layer, t].double()
-        scores = (q @ k.T) * scale
-        weights = torch.exp(scores - torch.maximum(scores.max(dim=1).values, sink)[:, None])
-        norm = weights.sum(dim=1) + torch.exp(sink - torch.maximum(scores.max(dim=1).values, sink))
+                k = torch.cat([blocks[r][chosen], k])
+        scores = (q_all[t] @ k.T) * scale
+        top = torch.maximum(scores.max(dim=1).values, sink)
+        weights = torch.exp(scores - top[:, None])
+        norm = weights.sum(dim=1) + torch.exp(sink - top)
         rows.append((weights / norm[:, None]) @ k)
     if not rows:
         return torch.zeros(0, dims.heads, dims.head_dim, dtype=torch.float64)
