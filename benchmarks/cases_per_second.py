@@ -59,6 +59,18 @@ def main() -> None:
         rows.append(row)
         print(f"{name:44} {row['cases_per_second']:8.2f} {row['share_overlapped_forward']:15.0%} "
               f"{row['share_barriered_forward']:14.0%} {row['share_harness']:8.0%}")
+    print("\nhow a case's cost grows (small heads, eager, ms per case):")
+    print(f"{'tokens':>8} " + " ".join(f"{r:>4} req" for r in (1, 4, 16)))
+    for tokens in (16, 256, 2048, 8192):
+        costs = []
+        for requests in (1, 4, 16):
+            per = max(1, tokens // requests)
+            case = Case(batches=(Batch(requests=tuple(Request(8, per) for _ in range(requests)), mutations=MUTATIONS),))
+            start = time.perf_counter()
+            run_case(target, case, args.device)
+            costs.append((time.perf_counter() - start) * 1000)
+            rows.append({"scaling_tokens": tokens, "requests": requests, "ms_per_case": costs[-1]})
+        print(f"{tokens:>8} " + " ".join(f"{c:8.0f}" for c in costs))
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=2)
 
