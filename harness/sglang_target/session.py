@@ -503,7 +503,6 @@ class SglangModelRunner:
         dims = self.case.dims
         out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
                           device=self.device.torch_device)
-        self.device.delay(self.case.delay_cycles)
         self.forward_layers(fb, view, out, store_compressed)
         return out
 
