@@ -5,10 +5,10 @@ and what is replaced.
 Install (its own environment: SGLang pins torch 2.14.1, and the CPU build of torch 2.13.0 cannot import
 torchvision, which sglang imports):
 
-    python3 -m venv /tmp/sgl-venv
-    /tmp/sgl-venv/bin/pip install -r harness/sglang_target/requirements-cpu.txt
-    /tmp/sgl-venv/bin/pip install --no-deps sglang==0.5.23
-    /tmp/sgl-venv/bin/pip install --no-deps -e .
+    python3 -m venv .venv-sglang
+    .venv-sglang/bin/pip install -r harness/sglang_target/requirements-cpu.txt
+    .venv-sglang/bin/pip install --no-deps sglang==0.5.23
+    .venv-sglang/bin/pip install --no-deps -e .
 """
 
 from __future__ import annotations
