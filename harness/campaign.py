@@ -49,7 +49,6 @@ class CampaignResult:
     first_detection_examples: Optional[int] = None
     first_detection_seconds: Optional[float] = None
     minimal: Optional[CaseResult] = None
-    outcomes: list[tuple[float, bool]] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
@@ -111,7 +110,6 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                               oracles=oracles)
             if result.first_detection_examples is None:
                 result.cases += 1
-                result.outcomes.append((time.perf_counter() - start, bool(judged.findings)))
                 on_case(result)
                 if judged.findings:
                     result.first_detection_examples = result.cases

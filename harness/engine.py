@@ -334,13 +334,6 @@ def kv_oracle(run: RunRecord) -> list[Finding]:
     return out
 
 
-def summarize(findings: list[Finding]) -> dict[str, Any]:
-    by = {}
-    for f in findings:
-        by.setdefault(f.oracle, 0)
-        by[f.oracle] += 1
-    return by
-
 
 @dataclass
 class Exploration:

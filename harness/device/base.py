@@ -42,7 +42,6 @@ class GraphCapture:
     name: str
     nodes: list[GraphNode] = field(default_factory=list)
     fns: list[Optional[Callable[[], None]]] = field(default_factory=list)
-    native: object = None  # torch.cuda.CUDAGraph when captured for real
 
     def as_hb(self) -> CapturedGraph:
         return CapturedGraph(self.name, list(self.nodes))

@@ -77,11 +77,5 @@ def indexer_topk(world, r: int, t: int, visible: int) -> list[int]:
     return sorted(order[:topk])
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.numel() == 0:
-        return 0.0
-    return float((a.double() - b.double()).abs().max())
-
-
 def ceil_align(value: int, align: int) -> int:
     return int(math.ceil(value / align) * align)

@@ -20,7 +20,6 @@ def _now(fn: Callable[[], None]) -> None:
     fn()
 
 _LARGE_INDEXER_QUERY_THRESHOLD = 11673  # sglang dsv4/metadata.py
-SWA_WINDOW = 128  # sglang's value; the model takes the window from its dims
 
 # 0.5.23 DSV4AttnMetadata.copy_: copied in place, the rest reassigned.
 COPY_IN_PLACE = (
@@ -37,9 +36,7 @@ REFRESH_IN_PLACE = (
 )
 REFRESH_REASSIGN = ("page_table", "swa_page_indices", "swa_topk_lengths", "c128_page_indices",
                     "c128_topk_lengths_clamp1")
-REFRESH_LEFT_ALONE = ("c4_sparse_page_indices", "c4_sparse_raw_indices")
-# What captured graph kernels read by address (the store of compressed entries, see runners.py).
-CAPTURED_BY_ADDRESS = ("c4_out_loc", "c128_out_loc")
+# Left alone by refresh: c4_sparse_page_indices and c4_sparse_raw_indices, produced in-graph by the indexer.
 
 
 @dataclass
