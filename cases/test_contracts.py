@@ -133,6 +133,27 @@ def test_publish_gates(rule, fields, publishes):
     assert not result.findings
 
 
+ON = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True)
+PR_GATES = [
+    ("DFLASH publishes", dict(spec=S.DFLASH), True),
+    ("DSPARK publishes", dict(spec=S.DSPARK), True),
+    ("plain EXTEND does not (PR-era: DFLASH family only)", dict(spec=S.NONE), False),
+    ("EAGLE does not", dict(spec=S.EAGLE), False),
+    ("the flag is off by default", dict(spec=S.DFLASH, flags=Flags()), False),
+    ("CP active", dict(spec=S.DFLASH, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)), False),
+    ("hierarchical cache", dict(spec=S.DFLASH, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True,
+                                                              hierarchical_cache=True)), False),
+]
+
+
+@pytest.mark.parametrize("rule,fields,publishes", PR_GATES, ids=[g[0] for g in PR_GATES])
+def test_pr_era_publish_gates(rule, fields, publishes):
+    case = Case(semantics="pr", batches=(Batch(requests=(Request(7, 5),)),), **{"flags": ON, **fields})
+    result = run_case(ReferenceTarget(), case, DEVICE)
+    assert ("publish" in [k for k, _ in result.overlapped.notes[0]]) is publishes, rule
+    assert not result.findings
+
+
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND])
 def test_only_extend_publishes(mode):
     case = Case(batches=(Batch(mode=mode, requests=(Request(7, 5), Request(4, 1))),))
@@ -229,26 +250,11 @@ def test_each_contract_fires_on_its_bug(name, case, kind):
     assert kind in {f.kind for f in findings}, [f"{f.oracle}/{f.kind}: {f.message}" for f in findings]
 
 
-def test_pr_era_flag_is_set_only_after_build_fires():
-    """The PR-era bug (flag set before the build): a failing build leaves PRE_REPLAY declared."""
-    from harness.model.backend import DeepseekV4AttnBackend
+def test_flag_probe_passes_on_the_clean_reference_and_fires_on_the_pr_era_bug():
+    from harness.contracts import flag_set_only_after_successful_build
 
-    class FlagBeforeBuild(DeepseekV4AttnBackend):
-        def prepare_prefill_shared_read_snapshot(self, fb, *, num_qo_tokens):
-            self.forward_metadata.prefill_shared_reads_snapshotted = True
-            self._build_sparse_prefill_chunk_cache(fb, self.forward_metadata.core_attn_metadata,
-                                                   num_qo_tokens=num_qo_tokens)
-
-    def failing_build(*args, **kwargs):
-        raise RuntimeError("injected build failure")
-
-    session, device, fb = open_session(pr_case())
-    broken = FlagBeforeBuild(session.model_runner)
-    broken.init_forward_metadata(fb)
-    broken._build_sparse_prefill_chunk_cache = failing_build
-    with pytest.raises(RuntimeError):
-        broken.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=fb.num_tokens)
-    assert broken.shared_read_ends(ForwardMode.EXTEND) is SharedReadEnds.PRE_REPLAY  # the contract is broken
+    assert flag_set_only_after_successful_build(ReferenceTarget()) is None
+    assert "PRE_REPLAY" in flag_set_only_after_successful_build(mutant_target("pr_flag_before_build"))
 
 
 def test_float64_oracle_matches_on_clean_and_fires_on_wrong_attention():

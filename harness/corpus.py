@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from harness.campaign import run_campaign
+from harness.contracts import run_probes
 from reports.writers import write_json_atomically
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.mutants import MUTANTS, mutant_target
@@ -29,27 +30,43 @@ def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.
     if device == "cuda":
         return _kill_table_isolated(names, examples=examples, semantics=semantics, progress=progress)
     clean = run_campaign(ReferenceTarget(), device=device, semantics=semantics, examples=examples, shrink=False)
-    clean_row = {"name": "(clean reference)", "cases": clean.cases, "findings": len(clean.findings),
-                 "finding": clean.findings[0].message if clean.findings else None}
-    progress(f"clean reference: {clean.cases} cases, {len(clean.findings)} finding(s)")
+    broken = run_probes(ReferenceTarget())
+    clean_row = {"name": "(clean reference)", "cases": clean.cases, "findings": len(clean.findings) + len(broken),
+                 "finding": clean.findings[0].message if clean.findings else (broken[0] if broken else None)}
+    progress(f"clean reference: {clean.cases} cases, {clean_row['findings']} finding(s)")
     rows = []
     for name in names:
-        m = MUTANTS[name]
-        r = run_campaign(mutant_target(name), target_spec="reference", device=device, semantics=semantics,
-                         examples=examples, mutant=name)
-        oracles = sorted({f.oracle for f in r.findings})
-        row = {
-            "name": name, "description": m.description, "source": m.source, "expected_oracle": m.expected_oracle,
-            "killed": bool(r.findings), "oracle": oracles[0] if oracles else None, "oracles": oracles,
-            "examples_to_detect": r.first_detection_examples,
-            "seconds_to_detect": None if r.first_detection_seconds is None else round(r.first_detection_seconds, 3),
-            "minimal_case": r.minimal.case.summary() if r.minimal else None,
-            "replay": r.minimal.replay if r.minimal else None,
-        }
-        rows.append(row)
-        progress(f"{name:32} {'KILLED' if row['killed'] else 'ALIVE '} {','.join(oracles):40} "
-                 f"{row['examples_to_detect']} ex {row['seconds_to_detect']} s  {row['minimal_case'] or ''}")
+        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics))
+        progress(_line(rows[-1]))
     return clean_row, rows
+
+
+def judge_mutant(name: str, *, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23") -> dict:
+    """One row of the table: the campaign against the mutant, then the contract probes."""
+    m = MUTANTS[name]
+    target = mutant_target(name)
+    r = run_campaign(target, target_spec="reference", device=device, semantics=semantics, examples=examples,
+                     mutant=name)
+    return _row(m, [f.oracle for f in r.findings], r.first_detection_examples, r.first_detection_seconds,
+                r.minimal.case.summary() if r.minimal else None, r.minimal.replay if r.minimal else None,
+                run_probes(target))
+
+
+def _row(m, oracles, examples, seconds, minimal, replay, broken) -> dict:
+    oracles = sorted(set(oracles) | ({"contract"} if broken else set()))
+    return {
+        "name": m.name, "description": m.description, "source": m.source, "expected_oracle": m.expected_oracle,
+        "killed": bool(oracles), "oracle": oracles[0] if oracles else None, "oracles": oracles,
+        "examples_to_detect": examples,
+        "seconds_to_detect": None if seconds is None else round(seconds, 3),
+        "minimal_case": minimal or (broken[0] if broken else None), "replay": replay,
+        "contract_failures": broken,
+    }
+
+
+def _line(row: dict) -> str:
+    return (f"{row['name']:32} {'KILLED' if row['killed'] else 'ALIVE '} {','.join(row['oracles']):40} "
+            f"{row['examples_to_detect']} ex {row['seconds_to_detect']} s  {row['minimal_case'] or ''}")
 
 
 def _kill_table_isolated(names, *, examples: int, semantics: str, progress) -> tuple[dict, list[dict]]:
@@ -76,20 +93,14 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress) -> t
     progress(f"clean reference: {clean['cases']} cases, {clean['findings']} finding(s)")
     rows = []
     for name in names:
-        m = MUTANTS[name]
         summary, error = campaign(name)
         findings = summary["findings"] if summary else []
-        oracles = sorted({f["oracle"] for f in findings}) or (["execution"] if error else [])
         first = summary.get("first_detection") if summary else None
-        row = {"name": name, "description": m.description, "source": m.source, "expected_oracle": m.expected_oracle,
-               "killed": bool(findings) or error is not None, "oracle": oracles[0] if oracles else None,
-               "oracles": oracles, "examples_to_detect": first and first["examples"],
-               "seconds_to_detect": first and first["seconds"],
-               "minimal_case": findings[0]["case_summary"] if findings else error,
-               "replay": findings[0]["replay"] if findings else None}
-        rows.append(row)
-        progress(f"{name:32} {'KILLED' if row['killed'] else 'ALIVE '} {','.join(oracles):40} "
-                 f"{row['examples_to_detect']} ex {row['seconds_to_detect']} s  {row['minimal_case'] or ''}")
+        oracles = [f["oracle"] for f in findings] + (["execution"] if error else [])
+        rows.append(_row(MUTANTS[name], oracles, first and first["examples"], first and first["seconds"],
+                         findings[0]["case_summary"] if findings else error,
+                         findings[0]["replay"] if findings else None, run_probes(mutant_target(name))))
+        progress(_line(rows[-1]))
     return clean, rows
 
 
@@ -98,10 +109,12 @@ def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Pa
                              progress=lambda line: print(line, flush=True))
     write_json_atomically(report_dir / "mutants.json", rows)
     killed = [r for r in rows if r["killed"]]
-    seconds = [r["seconds_to_detect"] for r in killed]
+    by_campaign = [r for r in killed if r["seconds_to_detect"] is not None]  # the rest: by a contract probe
+    seconds = [r["seconds_to_detect"] for r in by_campaign]
     print(f"{len(killed)}/{len(rows)} mutants killed; clean reference: {clean['findings']} finding(s)")
     if seconds:
         print(f"time to detection: median {statistics.median(seconds):.2f}s, worst {max(seconds):.2f}s; "
-              f"examples: worst {max(r['examples_to_detect'] for r in killed)}")
+              f"examples: worst {max(r['examples_to_detect'] for r in by_campaign)}; "
+              f"{len(killed) - len(by_campaign)} killed by a contract probe alone")
     print(f"table: {report_dir / 'mutants.json'}", file=sys.stderr)
     return 0 if len(killed) == len(rows) and not clean["findings"] else 1

@@ -154,6 +154,26 @@ def _snapshot_is_view() -> Classes:
     return _backend(_attend_sparse=_attend_sparse)
 
 
+@mutant("pr_flag_before_build", "PR-era: prefill_shared_reads_snapshotted is set before the build, so a failing "
+        "build leaves it set", "#35947 test_sparse_prefill_snapshot_marks_success_only_after_build", "contract")
+def _pr_flag_before_build() -> Classes:
+    def prepare_prefill_shared_read_snapshot(self, forward_batch, *, num_qo_tokens):
+        metadata, flags = self.forward_metadata, self.model_runner.flags
+        metadata.prefill_shared_reads_snapshotted = False
+        if not (flags.prefill_read_done_enabled("pr") and forward_batch.forward_mode is ForwardMode.EXTEND
+                and self.model_runner.spec_algorithm.is_dflash_family() and not flags.cp_active
+                and not flags.hisparse):
+            return
+        metadata.prefill_shared_reads_snapshotted = True  # the bug: marked before the build
+        use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
+        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=use_sparse)
+        if use_sparse:
+            metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
+                forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens)
+
+    return _backend(prepare_prefill_shared_read_snapshot=prepare_prefill_shared_read_snapshot)
+
+
 @mutant("copy_keeps_cache", "copy_ does not reset sparse_prefill_cache (nor, PR-era, the snapshotted flag)",
         "#35947 copy_", "policy")
 def _copy_keeps_cache() -> Classes:
