@@ -49,5 +49,13 @@ PROBES: list[Callable[[object], Optional[str]]] = [flag_set_only_after_successfu
 
 
 def run_probes(target) -> list[str]:
-    """Messages of the probes that failed."""
-    return [message for probe in PROBES if (message := probe(target))]
+    """Messages of the probes that failed; a probe the target makes raise has failed too."""
+    failures = []
+    for probe in PROBES:
+        try:
+            message = probe(target)
+        except Exception as exc:  # the target's own failure, reported, never a harness traceback
+            message = f"{probe.__name__}: the target raised {type(exc).__name__}: {exc}"
+        if message:
+            failures.append(message)
+    return failures
