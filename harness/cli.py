@@ -6,7 +6,6 @@ Exit codes: 0 nothing found, 1 something found, 2 bad usage or configuration, 3 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -27,7 +27,7 @@ from harness.errors import HarnessError, InvalidArgument
 from harness.hb import Conflict
 from harness.model.attention import reference_attention
 from harness.mutator import Mutator
-from harness.policy import expected_publish, graph_bucket, runs_graph
+from harness.policy import expected_publish, runs_graph
 from harness.world import BatchWorld, PoolSizes, build_world, kv_contents
 
 FLOAT64_ATOL = 1e-4

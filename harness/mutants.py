@@ -17,7 +17,7 @@ from harness.model.backend import AttentionBackend, DeepseekV4AttnBackend, swa_w
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import COPY_IN_PLACE, DSV4AttnMetadata, DSV4Metadata, _now
 from harness.model.pools import staged
-from harness.model.runners import EagerRunner, ModelRunner, PrefillGraphRunner
+from harness.model.runners import ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
 from harness.target import Classes, ReferenceTarget
 

@@ -254,7 +254,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
     def forward_layers(self, fb: ForwardBatch, out: torch.Tensor,
                        store_compressed: Optional[Callable[[int], None]] = None) -> None:
         """Per layer: store KV, run the indexer (ratio 4), attend. `store_compressed` replays a graph."""
-        dims, dev = self.dims, self.device
+        dims = self.dims
         flags, mode = self.model_runner.flags, fb.forward_mode
         if flags.cp_active:
             self._late_refresh_swa_rows("cp.shard_metadata", fb, range(fb.num_tokens))
