@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--case", required=True, help="the case as JSON, or @FILE")
     explore.add_argument("--bound", type=int, default=500, help="stop after this many interleavings")
 
+    triage = sub.add_parser("triage", help="interface contracts on the built backend, then a short campaign")
+    common(triage)
+    triage.add_argument("--examples", type=int, default=50)
+    triage.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    triage.add_argument("--report-dir", default="harness-report")
+
     mutants = sub.add_parser("mutants", help="run the clean reference and every seeded bug: the kill table")
     mutants.add_argument("--device", default="cpu")
     mutants.add_argument("--examples", type=int, default=200)
@@ -63,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants}[args.command](args)
+        commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
+                    "triage": cmd_triage}
+        return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -187,3 +195,35 @@ def cmd_mutants(args) -> int:
     semantics = _semantics(args.semantics)
     return run_kill_table(device=args.device, examples=args.examples, semantics=semantics,
                           report_dir=Path(args.report_dir), only=args.only)
+
+
+def cmd_triage(args) -> int:
+    from dataclasses import asdict
+
+    from harness.campaign import run_campaign
+    from harness.case import Batch, Case, Request
+    from harness.device import make_device, resolve_device
+    from harness.engine import parse_oracles
+    from harness.target import load_target
+    from harness.triage import check_object
+    from reports.writers import write_json_atomically
+
+    semantics = _semantics(args.semantics)
+    device = resolve_device(args.device)
+    target = load_target(args.target, mutant=args.mutant)
+    session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
+    breaks = check_object(session.model_runner.attn_backend)
+    for b in breaks:
+        print(f"[contract] {b}")
+    result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
+                          examples=args.examples, mutant=args.mutant, oracles=parse_oracles(args.oracles))
+    for finding in result.findings:
+        print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
+    if result.minimal:
+        print(f"  replay: {result.minimal.replay}")
+    report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
+              "contract_breaks": [asdict(b) for b in breaks], "campaign": result.summary()}
+    write_json_atomically(Path(args.report_dir) / "triage.json", report)
+    print(f"{len(breaks)} contract break(s), {len(result.findings)} finding(s) in {result.cases} cases; "
+          f"report: {Path(args.report_dir) / 'triage.json'}")
+    return EXIT_FOUND if breaks or result.findings else EXIT_OK

@@ -54,3 +54,14 @@ def test_bad_usage_exits_2_with_the_allowed_values(args, needle):
 def test_missing_module_target_exits_3():
     out = harness("run", "--device", "cpu", "--target", "no_such_module:factory")
     assert out.returncode == 3 and "cannot import" in out.stderr
+
+
+def test_triage_reports_the_missing_attribute_with_its_line(tmp_path):
+    clean = harness("triage", "--device", "cpu", "--examples", "5", "--report-dir", str(tmp_path / "clean"))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    broken = harness("triage", "--device", "cpu", "--examples", "5", "--mutant", "missing_token_to_kv_pool",
+                     "--report-dir", str(tmp_path / "broken"))
+    assert broken.returncode == 1
+    report = json.loads((tmp_path / "broken" / "triage.json").read_text())
+    (first,) = report["contract_breaks"]
+    assert first["attribute"] == "token_to_kv_pool" and first["file"].endswith("model/backend.py")

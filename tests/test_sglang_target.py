@@ -192,3 +192,19 @@ def test_a_missing_sglang_name_is_an_environment_error(target, monkeypatch):
         assert info.value.exit_code == 3
     finally:
         _api.load_api.cache_clear()
+
+
+def test_interface_contract_on_the_real_backend_names_the_reading_line(target):
+    """The real DeepseekV4AttnBackend as the target builds it meets the contract; without
+    `token_to_kv_pool` (the CI break after #35947) the report names the attribute and sglang's line."""
+    from harness.device import SimDevice
+    from harness.triage import check_object
+
+    session = target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice())
+    backend = session.model_runner.attn_backend
+    entry = ("resolve_prefill_shared_read_ends", "shared_read_ends")
+    assert [b.attribute for b in check_object(backend, entry)] == []
+    del backend.token_to_kv_pool
+    breaks = check_object(backend, entry)
+    assert [b.attribute for b in breaks] == ["token_to_kv_pool"]
+    assert "sglang/srt/layers/attention/deepseek_v4_backend.py:" in str(breaks[0])

@@ -1,0 +1,92 @@
+"""Regression triage: interface contracts checked on the objects as built, with the reading line.
+
+For each entry point the runners and the scheduler call on a backend (and the methods it calls on
+`self`, transitively, read from the source), every `self.<attr>` it reads must exist on the object
+as built. A break names the class, the attribute, the call path that reads it and the file and line:
+the report the `'DeepseekV4AttnBackend' object has no attribute 'token_to_kv_pool'` CI break after
+PR #35947 should have produced.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections import deque
+import textwrap
+from dataclasses import dataclass
+from typing import Iterable
+
+# What the runners and the scheduler call on an attention backend (eager and prefill-graph runners,
+# the publisher); everything else is reached through them.
+ENTRY_POINTS = ("init_forward_metadata", "resolve_prefill_shared_read_ends", "prepare_prefill_shared_read_snapshot",
+                "shared_read_ends", "forward_layers")
+
+
+@dataclass(frozen=True)
+class Break:
+    cls: str
+    attribute: str
+    call_path: tuple[str, ...]
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return (f"{self.cls}.{self.attribute} is missing on the object as built; read by "
+                f"{' -> '.join(self.call_path)} at {self.file}:{self.line}")
+
+
+def _self_reads(func) -> tuple[list[tuple[str, int]], list[str], str]:
+    """(`self.<attr>` loads with their lines, methods called on self, the file)."""
+    try:
+        source, first = inspect.getsourcelines(func)
+        file = inspect.getsourcefile(func) or "?"
+    except (OSError, TypeError):
+        return [], [], "?"
+    tree = ast.parse(textwrap.dedent("".join(source)))
+    reads, calls = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            if isinstance(node.ctx, ast.Load):
+                reads.append((node.attr, first + node.lineno - 1))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+            calls.append(node.func.attr)
+    return reads, calls, file
+
+
+def check_object(obj, entry_points: Iterable[str] = ENTRY_POINTS) -> list[Break]:
+    """Every attribute the entry points (and what they call on self) read must exist on `obj`."""
+    cls = type(obj)
+    breaks, seen = [], set()
+    queue = deque((name, (name,)) for name in entry_points if hasattr(cls, name))  # shortest call path first
+    while queue:
+        name, path = queue.popleft()
+        if name in seen:
+            continue
+        seen.add(name)
+        func = inspect.getattr_static(cls, name, None)
+        if isinstance(func, (staticmethod, classmethod)):
+            func = func.__func__
+        if not inspect.isfunction(func):  # a class or a value held in an attribute: not a method of obj
+            continue
+        reads, calls, file = _self_reads(func)
+        for attr, line in reads:
+            if not _has(obj, attr) and not any(b.attribute == attr for b in breaks):
+                breaks.append(Break(cls.__name__, attr, path, _short(file), line))
+        queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
+    return breaks
+
+
+def _has(obj, attr: str) -> bool:
+    try:
+        object.__getattribute__(obj, attr)
+        return True
+    except AttributeError:
+        return hasattr(type(obj), attr)
+
+
+def _short(file: str) -> str:
+    for root in ("site-packages/", "/harness/"):
+        if root in file:
+            return file.split(root, 1)[1] if root == "site-packages/" else "harness/" + file.split(root, 1)[1]
+    return file

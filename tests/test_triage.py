@@ -1,0 +1,38 @@
+"""Interface contracts on built objects: the CI break after PR #35947, reproduced and reported."""
+
+from __future__ import annotations
+
+from harness.case import Batch, Case, Request
+from harness.device import SimDevice
+from harness.model.backend import DeepseekV4AttnBackend
+from harness.mutants import mutant_target
+from harness.target import ReferenceTarget
+from harness.triage import check_object
+
+
+def built_backend(target):
+    session = target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice())
+    return session.model_runner.attn_backend
+
+
+def test_the_backend_as_built_meets_its_contract():
+    assert check_object(built_backend(ReferenceTarget())) == []
+
+
+def test_a_backend_built_without_init_names_the_attribute_and_the_reading_line():
+    """As SGLang's unit tests build it: object.__new__, then only some attributes set (#36639)."""
+    complete = built_backend(ReferenceTarget())
+    bare = object.__new__(DeepseekV4AttnBackend)
+    for name, value in vars(complete).items():
+        if name != "token_to_kv_pool":
+            setattr(bare, name, value)
+    breaks = check_object(bare)
+    assert [b.attribute for b in breaks] == ["token_to_kv_pool"]
+    text = str(breaks[0])
+    assert "DeepseekV4AttnBackend.token_to_kv_pool" in text and "harness/model/backend.py:" in text
+    assert "read by prepare_prefill_shared_read_snapshot" in text  # the first statement of the PR-era hook
+
+
+def test_the_seeded_missing_attribute_mutant_is_reported():
+    assert [b.attribute for b in check_object(built_backend(mutant_target("missing_token_to_kv_pool")))] == \
+        ["token_to_kv_pool"]
