@@ -205,14 +205,14 @@ def cmd_triage(args) -> int:
     from harness.device import make_device, resolve_device
     from harness.engine import parse_oracles
     from harness.target import load_target
-    from harness.triage import check_object
+    from harness.triage import ENTRY_POINTS, check_object
     from reports.writers import write_json_atomically
 
     semantics = _semantics(args.semantics)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
     session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
-    breaks = check_object(session.model_runner.attn_backend)
+    breaks = check_object(session.model_runner.attn_backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
     for b in breaks:
         print(f"[contract] {b}")
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,

@@ -292,6 +292,10 @@ class SglangSession(ReferenceSession):
     """Pools, world loading and the harness's model parts come from the reference session; the decisions,
     the snapshot, the publication and the barrier are SGLang's."""
 
+    # What triage checks on the real backend: the methods this target drives for real (metadata init and
+    # the model forward are the harness's, so their attribute needs are not the object's contract here).
+    contract_entry_points = ("resolve_prefill_shared_read_ends", "shared_read_ends")
+
     def __init__(self, api, case: Case, device):
         if case.semantics != api.semantics:
             raise InvalidArgument(f"case semantics={case.semantics!r}: the installed {api.describe()} implements "
