@@ -48,6 +48,7 @@ from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.metadata import DSV4AttnMetadata
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
+from harness.model.scheduler import Scheduler
 from harness.target import Classes, ReferenceSession
 
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
@@ -303,7 +304,6 @@ class SglangSession(ReferenceSession):
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
-        self.harness_scheduler = self.scheduler
         self.model_runner = SglangModelRunner(self)
         sched_mod = api.mods["scheduler"]
         spec = self.model_runner.spec_algorithm
@@ -316,7 +316,9 @@ class SglangSession(ReferenceSession):
         self.scheduler_stub = SimpleNamespace(_war_barrier_enabled=True, model_worker=worker,
                                               schedule_stream=_StreamShim(device, device.schedule_stream),
                                               forward_stream=_StreamShim(device, device.forward_stream))
-        self._apply_war_barrier = lambda: sched_mod.Scheduler._apply_war_barrier(self.scheduler_stub)
+        self.scheduler = _SglangBarrierScheduler(
+            device, self.model_runner, case.flags,
+            real_barrier=lambda: sched_mod.Scheduler._apply_war_barrier(self.scheduler_stub))
 
     def load(self, world) -> ForwardBatch:
         """The reference's allocation, with the per-batch tensors in SGLang's dtypes: `seq_lens` and
@@ -328,24 +330,27 @@ class SglangSession(ReferenceSession):
                                    req_pool_indices=fb.req_pool_indices.to(torch.int64))
 
     def step(self, fb, *, graph, process_batch_result, after_launch):
-        """One overlap-loop iteration: run_batch, at once the real `_apply_war_barrier`, then the schedule stream."""
-        dev = self.device
+        """The reference's overlap-loop iteration, under SGLang's config, with SGLang's `_apply_war_barrier`."""
         with sglang_config(self.api, self.case):
-            with dev.stream(dev.forward_stream):
-                outputs = self.model_runner.forward(fb, graph=graph)
-            after_launch()
-            self._apply_war_barrier()
-            with dev.stream(dev.schedule_stream):
-                process_batch_result()
-                if self.case.flags.offloads_kv():
-                    outputs["host_kv"] = self.harness_scheduler._backup_kv()
-        return outputs
+            return super().step(fb, graph=graph, process_batch_result=process_batch_result,
+                                after_launch=after_launch)
 
     def chunk_cache(self):
         """The real SparsePrefillChunkCache of the last forward, if one was built (after synchronize)."""
         metadata = self.model_runner.attn_backend.forward_metadata
         holder = getattr(metadata, "sparse_prefill_cache", None)
         return holder.value if isinstance(holder, DeferredChunkCache) else holder
+
+
+class _SglangBarrierScheduler(Scheduler):
+    """One overlap-loop iteration as the reference runs it, the barrier being SGLang's own."""
+
+    def __init__(self, device, model_runner, flags, *, real_barrier):
+        super().__init__(device, model_runner, flags)
+        self._real_barrier = real_barrier
+
+    def _apply_war_barrier(self) -> None:
+        self._real_barrier()
 
 
 class SglangModelRunner:
@@ -356,6 +361,7 @@ class SglangModelRunner:
         self.session, self.api, self.case, self.device = session, api, case, device
         self.probe = session.probe
         self.harness = session.harness_runner
+        self.token_to_kv_pool = session.token_to_kv_pool  # what the HiCache backup copies
         self.spec_algorithm = api.mods["spec"].SpeculativeAlgorithm.from_string(case.spec.name)
         self.shared_read_done_event = None
         self.device_module = DeviceModuleShim(device, self.probe)
