@@ -49,6 +49,7 @@ class CampaignResult:
     first_detection_examples: Optional[int] = None
     first_detection_seconds: Optional[float] = None
     minimal: Optional[CaseResult] = None
+    cases_log: list[dict] = dataclasses.field(default_factory=list)  # one record per counted case, for plots
 
     @property
     def findings(self) -> list[Finding]:
@@ -67,6 +68,7 @@ class CampaignResult:
                  "replay": self.minimal.replay}
                 for f in self.findings
             ],
+            "cases_log": self.cases_log,
         }
 
 
@@ -110,6 +112,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                               oracles=oracles)
             if result.first_detection_examples is None:
                 result.cases += 1
+                result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, judged))
                 on_case(result)
                 if judged.findings:
                     result.first_detection_examples = result.cases
@@ -128,6 +131,13 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         result.minimal = raised.result
     result.duration_s = time.perf_counter() - start
     return result
+
+
+def _case_record(i: int, seconds: float, case, judged: CaseResult) -> dict:
+    return {"i": i, "t": round(seconds, 4), "outcome": "found" if judged.findings else "clean",
+            "tokens": sum(b.num_tokens for b in case.batches),
+            "requests": sum(len(b.requests) for b in case.batches),
+            "graph": any(b.graph for b in case.batches), "spec": case.spec.name}
 
 
 def _adversarial():
