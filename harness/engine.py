@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -58,6 +58,7 @@ class RunRecord:
     schedule: str = ""
     decisions: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     delays: list[int] = field(default_factory=list)
+    race_window: dict = field(default_factory=dict)
     sut_seconds: float = 0.0  # inside the target's step and the device's execution of it
 
 
@@ -115,6 +116,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     record.schedule = device.forced_string() if hasattr(device, "forced_string") else schedule
     record.decisions = [(d.chosen, d.options) for d in getattr(device, "decisions", [])]
     record.delays = list(device.delays)
+    record.race_window = device.race_window()
     return record
 
 
@@ -143,6 +145,8 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok)
     barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
     findings = [f for f in judge(case, overlapped, barriered) if oracles is None or f.oracle in oracles]
+    if device_name != "cpu":  # where the race was real: the window each finding was found in
+        findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start)
     replay_schedule = f"forced:{overlapped.schedule}" if device_name == "cpu" and schedule != "adversarial" else schedule
     result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule,

@@ -318,23 +318,25 @@ def _copy_reassigns_captured() -> Classes:
 def _in_graph_live_metadata() -> Classes:
     class Runner(PrefillGraphRunner):
         def _capture(self, bucket, padded):
+            r2t = self.model_runner.req_to_token_pool.req_to_token
+            self.row_pool_idx[bucket] = torch.zeros(bucket, dtype=torch.int64, device=r2t.device)
+            self.static_positions[bucket] = padded.positions.clone()
             PrefillGraphRunner._capture(self, bucket, padded)
-            mr = self.model_runner
-            core = self.static_metadata[bucket].core_attn_metadata
-            swa_idx, r2t = core.swa_page_indices, mr.req_to_token_pool.req_to_token
-            f2s = mr.token_to_kv_pool.full_to_swa_index_mapping
-            rows = self.row_pool_idx[bucket] = torch.zeros(bucket, dtype=torch.int64, device=r2t.device)
-            positions = self.static_positions[bucket] = padded.positions.clone()
 
-            def in_graph_metadata():
-                swa_idx.copy_(swa_window_indices(r2t, f2s, rows, positions, mr.dims.swa_window)[0])
+        def _capture_layer(self, bucket, layer, static_fb, static):
+            if layer == 0:  # the first captured step recomputes the SWA indices from the live tables
+                mr = self.model_runner
+                swa_idx, r2t = static.core_attn_metadata.swa_page_indices, mr.req_to_token_pool.req_to_token
+                f2s = mr.token_to_kv_pool.full_to_swa_index_mapping
+                rows, positions = self.row_pool_idx[bucket], self.static_positions[bucket]
 
-            with mr.device.capture(f"prefill_graph[{bucket}].metadata") as graph:
+                def in_graph_metadata():
+                    swa_idx.copy_(swa_window_indices(r2t, f2s, rows, positions, mr.dims.swa_window)[0])
+
                 mr.device.launch("in_graph_metadata", in_graph_metadata,
                                  reads={"req_to_token": None, "full_to_swa": None, "static_inputs": None},
                                  writes={"meta.swa_page_indices": None})
-            self.graphs[bucket][0].nodes[:0] = graph.nodes
-            self.graphs[bucket][0].fns[:0] = graph.fns
+            PrefillGraphRunner._capture_layer(self, bucket, layer, static_fb, static)
 
         def _load_static_inputs(self, bucket, padded):
             PrefillGraphRunner._load_static_inputs(self, bucket, padded)

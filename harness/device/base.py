@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -42,6 +43,7 @@ class GraphCapture:
     name: str
     nodes: list[GraphNode] = field(default_factory=list)
     fns: list[Optional[Callable[[], None]]] = field(default_factory=list)
+    native: object = None  # the torch.cuda.CUDAGraph on CUDA; None where replay re-runs the closures
 
     def as_hb(self) -> CapturedGraph:
         return CapturedGraph(self.name, list(self.nodes))
@@ -61,6 +63,8 @@ class Device:
         self._capturing: Optional[GraphCapture] = None
         self.delays: list[int] = []
         self.race_delay = 0  # cycles the forward stream sleeps right after recording an event
+        self._recorded_at: Optional[float] = None
+        self.issue_gaps: list[float] = []  # host seconds from a forward-stream event to the next scheduler launch
 
     # -- streams and events ------------------------------------------------------------------
 
@@ -84,8 +88,11 @@ class Device:
         """Issue one operation on the current stream, or capture it if a capture is open."""
         if self._capturing is not None:
             self._capturing.nodes.append(GraphNode("launch", 0, op, tuple(reads.items()), tuple(writes.items())))
-            self._capturing.fns.append(fn)
+            self._capturing.fns.append(self._captured(fn))
             return
+        if self._recorded_at is not None and self.current_stream is self.schedule_stream:
+            self.issue_gaps.append(time.perf_counter() - self._recorded_at)
+            self._recorded_at = None
         self.tracker.launch(self.current_stream.id, op, reads, writes)
         self._issue(self.current_stream, op, fn)
 
@@ -96,10 +103,24 @@ class Device:
         event = Event(self._new_event_id())
         self.tracker.record(event.id, stream.id)
         self._record(event, stream)
-        if self.race_delay and stream is self.forward_stream:
-            with self.stream(stream):
-                self.delay(self.race_delay)  # so that a read after the event really loses the race
+        if stream is self.forward_stream:
+            self._recorded_at = time.perf_counter()
+            if self.race_delay:
+                with self.stream(stream):
+                    self.delay(self.race_delay)  # so that a read after the event really loses the race
         return event
+
+    def race_window(self) -> dict:
+        """How wide the injected race window was, against how long the host took to issue the
+        scheduler's first mutation after the event: the window is real only if it is the wider."""
+        delay_ms = self.cycles_to_ms(self.race_delay)
+        gap_ms = max(self.issue_gaps) * 1e3 if self.issue_gaps else None
+        return {"delay_cycles": self.race_delay, "delay_ms": delay_ms, "issue_gap_ms": gap_ms,
+                "open": None if delay_ms is None or gap_ms is None else delay_ms > gap_ms}
+
+    def cycles_to_ms(self, cycles: int) -> Optional[float]:
+        """Only a real device has a clock to calibrate; the simulator's delay is an ordering, not a time."""
+        return None
 
     def wait_event(self, stream: Stream, event: Event) -> None:
         self.tracker.wait(stream.id, event.id)
@@ -134,6 +155,10 @@ class Device:
         for node, fn in zip(graph.nodes, graph.fns):
             if fn is not None:
                 self._issue(self.current_stream, f"{graph.name}/{node.op}", fn)
+
+    def _captured(self, fn: Callable[[], None]) -> Optional[Callable[[], None]]:
+        """What a replay re-runs of one captured operation: here the closure itself."""
+        return fn
 
     # -- what each device implements -----------------------------------------------------------
 

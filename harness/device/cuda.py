@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 
-from harness.device.base import Device, Event, Stream
+from harness.device.base import Device, Event, GraphCapture, Stream
 
 
 class CudaDevice(Device):
     kind = "cuda"
+    sleep_cycles_per_ms: Optional[float] = None  # measured once per process: the clock `_sleep` counts
 
     def __init__(self) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
@@ -52,6 +53,36 @@ class CudaDevice(Device):
     def _synchronize(self) -> None:
         torch.cuda.synchronize()
 
+    # -- real CUDA graphs ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def capture(self, name: str) -> Iterator[GraphCapture]:
+        """A real `torch.cuda.CUDAGraph`: each launch inside records its kernels, which read their
+        tensors by address at every replay. Captured on a side stream, without the device-wide
+        synchronize of `torch.cuda.graph`, so a capture does not close the race window it sits in."""
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with super().capture(name) as captured, torch.cuda.stream(side):
+            captured.native = graph
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                yield captured
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _captured(self, fn: Callable[[], None]) -> Optional[Callable[[], None]]:
+        fn()  # recorded into the graph being captured, not executed
+        return None
+
+    def replay(self, graph: GraphCapture) -> None:
+        if graph.native is None:
+            return super().replay(graph)
+        self.tracker.replay(graph.as_hb(), self.current_stream.id)
+        with torch.cuda.stream(self._streams[self.current_stream.id]):
+            graph.native.replay()
+
     def delay(self, cycles: int) -> None:
         if cycles:
             self.delays.append(cycles)
@@ -59,9 +90,30 @@ class CudaDevice(Device):
                 torch.cuda._sleep(cycles)
 
     def _warm_up(self) -> None:
-        """The first trial in a fresh process does not race (stream start-up): warm both streams."""
+        """The first trial in a fresh process does not race (stream start-up): warm both streams,
+        and load the kernels a graph capture records, since a capture cannot load modules lazily."""
         for native in self._streams.values():
             with torch.cuda.stream(native):
                 torch.cuda._sleep(1000)
-                torch.zeros(1, device="cuda").add_(1)
+                table = torch.zeros(4, 2, device="cuda")
+                table.index_copy_(0, torch.arange(4, device="cuda").clamp(min=0), torch.ones(4, 2, device="cuda"))
         torch.cuda.synchronize()
+        if CudaDevice.sleep_cycles_per_ms is None:
+            CudaDevice.sleep_cycles_per_ms = _calibrate_sleep()
+
+    def cycles_to_ms(self, cycles: int) -> Optional[float]:
+        return cycles / self.sleep_cycles_per_ms
+
+
+def _calibrate_sleep(cycles: int = 20_000_000, repeats: int = 3) -> float:
+    """Cycles of `torch.cuda._sleep` per millisecond on this GPU at its current clock (best of a few)."""
+    best = None
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        stop.record()
+        stop.synchronize()
+        ms = start.elapsed_time(stop)
+        best = ms if best is None else min(best, ms)
+    return cycles / best

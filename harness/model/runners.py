@@ -152,9 +152,13 @@ class PrefillGraphRunner:
         graphs = []
         for layer in range(len(mr.dims.layer_ratios)):
             with mr.device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
-                backend.store_compressed(static_fb, layer, static.core_attn_metadata)
+                self._capture_layer(bucket, layer, static_fb, static)
             graphs.append(graph)
         self.graphs[bucket] = graphs
+
+    def _capture_layer(self, bucket: int, layer: int, static_fb: ForwardBatch, static: DSV4Metadata) -> None:
+        """What one layer's graph holds; on CUDA a real capture, so it must allocate nothing it keeps."""
+        self.model_runner.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
 
     def _prepare_forward_metadata_for_replay(self, padded: ForwardBatch, static: DSV4Metadata) -> None:
         mr = self.model_runner
