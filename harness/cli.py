@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     triage.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
     triage.add_argument("--report-dir", default="harness-report")
 
+    csan = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
+    csan.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
+    csan.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
+    csan.add_argument("--examples", type=int, default=100)
+    csan.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    csan.add_argument("--report-dir", default="harness-report")
+
     mutants = sub.add_parser("mutants", help="run the clean reference and every seeded bug: the kill table")
     mutants.add_argument("--device", default="cpu")
     mutants.add_argument("--examples", type=int, default=200)
@@ -70,7 +77,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
-                    "triage": cmd_triage}
+                    "triage": cmd_triage, "csan": cmd_csan}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -227,3 +234,25 @@ def cmd_triage(args) -> int:
     print(f"{len(breaks)} contract break(s), {len(result.findings)} finding(s) in {result.cases} cases; "
           f"report: {Path(args.report_dir) / 'triage.json'}")
     return EXIT_FOUND if breaks or result.findings else EXIT_OK
+
+
+def cmd_csan(args) -> int:
+    from harness.csan import second_opinion_campaign
+    from harness.target import load_target
+    from reports.writers import write_json_atomically
+
+    semantics = _semantics(args.semantics)
+    target = load_target(args.target, mutant=args.mutant)
+    summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
+                                      mutant=args.mutant)
+    summary.update(target=args.target, mutant=args.mutant, semantics=semantics)
+    write_json_atomically(Path(args.report_dir) / "csan.json", summary)
+    print(f"{summary['cases']} cases ({summary['graph_cases']} with graph replays), judged by our tracker, the "
+          f"differential oracle and CSAN: {summary['verdicts']}; {summary['differential_findings']} differential")
+    for d in summary["disagreements"]:
+        print(f"  [{d['verdict']}] {d['explanation'] or 'UNEXPLAINED'}: {d['case']}")
+        print(f"    replay: {d['replay']}")
+    print(f"report: {Path(args.report_dir) / 'csan.json'}")
+    found = summary["unexplained"] or summary["differential_findings"] or any(
+        v != "agree-clean" for v in summary["verdicts"])
+    return EXIT_FOUND if found else EXIT_OK
