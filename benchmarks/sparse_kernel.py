@@ -110,6 +110,24 @@ def sweep(tokens: int, ceil: dict, budget_s: float, log) -> list[dict]:
     return rows
 
 
+def compiled_stats() -> list[dict]:
+    """Registers, spills and shared memory of each compiled variant: the evidence behind a config."""
+    from harness.kernels._sparse_attention_kernel import sparse_attention_fwd
+
+    stats = []
+    try:
+        for caches in sparse_attention_fwd.device_caches.values():
+            for kernel in caches[0].values():
+                kernel._init_handles()
+                constants = {str(k): v for k, v in kernel.src.constants.items() if not str(v).startswith("<")}
+                stats.append({"constants": constants, "num_warps": kernel.metadata.num_warps,
+                              "num_stages": kernel.metadata.num_stages, "shared": kernel.metadata.shared,
+                              "n_regs": kernel.n_regs, "n_spills": kernel.n_spills})
+    except (AttributeError, TypeError, IndexError) as exc:  # Triton internals: say so rather than guess
+        stats.append({"error": f"this Triton's compiled-kernel cache is not readable: {exc!r}"})
+    return stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768])
@@ -151,6 +169,10 @@ def main() -> None:
         result["rows"].append(measure(tokens, cfg, best, ceil))
         log(f"{tokens} tokens: triton {result['rows'][-1]['triton']['ms']:.3f} ms")
         save()
+    result["compiled"] = compiled_stats()
+    save()
+    for entry in result["compiled"]:
+        log(f"compiled: {entry}")
     print_tables(result)
 
 
