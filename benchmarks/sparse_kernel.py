@@ -30,10 +30,10 @@ from harness.kernels.workload import dsv4_inputs
 from harness.model.attention import sparse_attention
 
 HEADS, DIM, TOPK, WINDOW = 64, 512, 512, 128
-SWEEP = [  # tried in this order while --sweep-budget lasts
-    KernelConfig(64, 32, 8, 2, True), KernelConfig(64, 64, 8, 2, True), KernelConfig(64, 32, 8, 3, True),
-    KernelConfig(64, 64, 8, 2, False), KernelConfig(64, 16, 8, 4, True), KernelConfig(32, 64, 4, 2, True),
-    KernelConfig(64, 64, 8, 1, True), KernelConfig(64, 128, 8, 1, True), KernelConfig(64, 32, 8, 2, False),
+SWEEP = [  # tried in this order while --sweep-budget lasts: the default, then one change at a time
+    KernelConfig(64, 32, 8, 2, True), KernelConfig(64, 64, 8, 2, True), KernelConfig(64, 32, 8, 2, False),
+    KernelConfig(64, 64, 8, 1, True), KernelConfig(32, 64, 4, 2, True), KernelConfig(64, 32, 8, 3, True),
+    KernelConfig(64, 16, 8, 4, True), KernelConfig(64, 128, 8, 1, True), KernelConfig(64, 64, 8, 2, False),
 ]
 
 
