@@ -60,6 +60,7 @@ class RunRecord:
     delays: list[int] = field(default_factory=list)
     race_window: dict = field(default_factory=dict)
     sut_seconds: float = 0.0  # inside the target's step and the device's execution of it
+    setup_seconds: float = 0.0  # inside the target's own open and load (its pools and its forward batch)
 
 
 @dataclass
@@ -76,13 +77,17 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
             poison_ok: bool = True) -> RunRecord:
     device = make_device(device_name, schedule=schedule)
     device.race_delay = case.delay_cycles
-    session = target.open(case, device)
-    sizes = PoolSizes.for_case(case)
     record = RunRecord()
+    began = time.perf_counter()
+    session = target.open(case, device)
+    record.setup_seconds += time.perf_counter() - began
+    sizes = PoolSizes.for_case(case)
     for index, batch in enumerate(case.batches):
         world = build_world(case, index, sizes)
         record.worlds.append(world)
+        began = time.perf_counter()
         fb = session.load(world)
+        record.setup_seconds += time.perf_counter() - began
         session.current_batch = fb
         mutator = Mutator(world, session, device, poison_ok=poison_ok)
         after_launch = ((lambda: device.wait_stream(device.schedule_stream, device.forward_stream))

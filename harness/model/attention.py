@@ -30,38 +30,64 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, s
     return out
 
 
+def sparse_attention_on(device: torch.device):
+    """The sparse attention the model runs: the Triton kernel on CUDA when Triton is there (it is
+    deterministic, so the bit-exact oracle holds), the torch implementation elsewhere."""
+    if device.type != "cuda":
+        return sparse_attention
+    from harness.kernels import sparse_attention_for
+
+    return sparse_attention_for(device)
+
+
 def reference_attention(world, layer: int, rows: list[int] | None = None) -> torch.Tensor:
     """Float64 attention of one layer for every real query row, straight from positions and latents.
 
     It never touches req_to_token, the SWA mapping, page tables or index rows, so it checks them.
+    Rows go in groups of one request: each row gathers its own keys (chosen compressed blocks, then
+    its SWA window of latents), padded with masked slots, and the group is one batched product.
     """
     dims = world.dims
     ratio = dims.layer_ratios[layer]
     scale = dims.head_dim ** -0.5
     sink = world.sink[layer].double()
     q_all = world.q[layer].double()
-    latents = [lat[layer].double() for lat in world.latents]
-    blocks = [world.block_means(r, layer, ratio).double() if ratio else None for r in range(len(latents))]
-    wanted = None if rows is None else set(rows)
-    rows = []
-    for t, (r, pos) in enumerate(world.token_rows()):
-        if wanted is not None and t not in wanted:
-            continue
-        swa_len = min(pos + 1, dims.swa_window)
-        k = latents[r][pos - swa_len + 1:pos + 1]
-        if ratio:
-            visible = (pos + 1) // ratio
-            chosen = indexer_topk(world, r, t, visible) if ratio == 4 else list(range(visible))
-            if chosen:
-                k = torch.cat([blocks[r][chosen], k])
-        scores = (q_all[t] @ k.T) * scale
-        top = torch.maximum(scores.max(dim=1).values, sink)
-        weights = torch.exp(scores - top[:, None])
-        norm = weights.sum(dim=1) + torch.exp(sink - top)
-        rows.append((weights / norm[:, None]) @ k)
-    if not rows:
-        return torch.zeros(0, dims.heads, dims.head_dim, dtype=torch.float64)
-    return torch.stack(rows)
+    token_rows = list(world.token_rows())
+    wanted = range(len(token_rows)) if rows is None else rows
+    out = torch.zeros(len(wanted), dims.heads, dims.head_dim, dtype=torch.float64)
+    by_request: dict[int, list[tuple[int, int, int]]] = {}
+    for i, t in enumerate(wanted):
+        r, pos = token_rows[t]
+        by_request.setdefault(r, []).append((i, t, pos))
+    window = torch.arange(dims.swa_window)
+    for r, items in by_request.items():
+        latents = world.latents[r][layer].double()
+        blocks = world.block_means(r, layer, ratio).double() if ratio else latents[:0]
+        keys = torch.cat([blocks, latents])
+        for chunk in range(0, len(items), REFERENCE_ROWS_PER_STEP):
+            part = items[chunk: chunk + REFERENCE_ROWS_PER_STEP]
+            pos = torch.tensor([p for _, _, p in part])
+            swa = pos[:, None] - (dims.swa_window - 1) + window[None, :]  # this row's window of latents
+            index = torch.where(swa >= 0, swa + blocks.shape[0], -1)
+            if ratio:
+                visible = [(p + 1) // ratio for _, _, p in part]
+                chosen = [indexer_topk(world, r, t, v) if ratio == 4 else list(range(v))
+                          for (_, t, _), v in zip(part, visible)]
+                width = max(len(c) for c in chosen)
+                picked = torch.tensor([c + [-1] * (width - len(c)) for c in chosen], dtype=torch.int64)
+                index = torch.cat([picked.reshape(len(part), width), index], dim=1)
+            valid = index >= 0
+            k = keys[index.clamp(min=0)]  # [n, K, D]
+            scores = torch.einsum("nhd,nkd->nhk", q_all[[t for _, t, _ in part]], k) * scale
+            scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+            top = torch.maximum(scores.max(dim=2).values, sink[None, :])
+            weights = torch.exp(scores - top[:, :, None])
+            norm = weights.sum(dim=2) + torch.exp(sink[None, :] - top)
+            out[[i for i, _, _ in part]] = torch.einsum("nhk,nkd->nhd", weights / norm[:, :, None], k)
+    return out
+
+
+REFERENCE_ROWS_PER_STEP = 32  # rows gathered at once: real sizes stay near 100 MB of float64 keys
 
 
 def indexer_topk(world, r: int, t: int, visible: int) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from harness.model.attention import ceil_align, sparse_attention
+from harness.model.attention import ceil_align, sparse_attention_on
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import (_LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
                                     SparsePrefillChunkCache)
@@ -394,7 +394,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                 idx = swa
             else:
                 idx = torch.cat([self._compressed_slots(comp.long())[0], swa], dim=1)
-            out[layer].copy_(sparse_attention(fb.q[layer], kv, idx, sink, dims.head_dim ** -0.5))
+            out[layer].copy_(sparse_attention_on(kv.device)(fb.q[layer], kv, idx, sink, dims.head_dim ** -0.5))
 
         self.device.launch(f"layer{layer}.attention.dense", attend, reads=reads, writes={"out": None})
 
@@ -451,7 +451,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                     comp_part[cache.num_real_rows:] = -1
                 swa_part = torch.where(c0 >= 0, c0 + comp_region.shape[0], -1)
                 kv, idx = torch.cat([comp_region, swa_region]), torch.cat([comp_part, swa_part], dim=1)
-            out[layer].copy_(sparse_attention(fb.q[layer], kv, idx, sink, dims.head_dim ** -0.5))
+            out[layer].copy_(sparse_attention_on(kv.device)(fb.q[layer], kv, idx, sink, dims.head_dim ** -0.5))
 
         self.device.launch(f"layer{layer}.attention.sparse", attend, reads=reads, writes={"out": None})
 

@@ -270,9 +270,9 @@ class ModelRunner:
             indices.copy_(swa_window_indices(r2t, f2s, rpi, fb.positions[:rows], self.dims.swa_window)[0])
 
         def draft_attention():
-            from harness.model.attention import sparse_attention
+            from harness.model.attention import sparse_attention_on
 
-            draft_out.copy_(sparse_attention(fb.q[0, :rows], pool.swa_kv[0], indices, self.sink[0],
+            draft_out.copy_(sparse_attention_on(r2t.device)(fb.q[0, :rows], pool.swa_kv[0], indices, self.sink[0],
                                              self.dims.head_dim ** -0.5))
 
         dev.launch("draft_extend.init_forward_metadata", draft_metadata,

@@ -42,7 +42,7 @@ import torch
 
 from harness.case import Case
 from harness.errors import InvalidArgument
-from harness.model.attention import sparse_attention
+from harness.model.attention import sparse_attention_on
 from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.metadata import DSV4AttnMetadata
@@ -588,7 +588,7 @@ class SglangModelRunner:
                     idx, _ = cache.combine_compressed(ratio, raw4[: cache.num_qo_tokens].to(torch.int32))
                 slots = harness._compressed_slots(flat.long())[0] if hisparse else flat.long()
                 kv = torch.cat([pool.extra_kv[layer][slots.clamp(min=0)], swa_region])
-            out[layer].copy_(sparse_attention(fb.q[layer], kv, idx.long(), sink, scale))
+            out[layer].copy_(sparse_attention_on(kv.device)(fb.q[layer], kv, idx.long(), sink, scale))
 
         reads = {f"swa_kv[{layer}]": None, "cache.swa_token_ids": None, "cache.c0_combined_indices": None}
         if ratio:
