@@ -1,0 +1,105 @@
+"""`python -m harness sanitize`: our kernels and the planted bugs under compute-sanitizer, one tool at a time.
+
+Exit 0 when every clean case is clean and every planted bug was found; 1 when a clean case has a
+finding, a planted bug was missed, or a run proved nothing (timeout, missing output, a kernel that
+never ran); 3 when compute-sanitizer is not installed. Writes DIR/sanitizer.json and keeps the
+sanitizer's own XML and logs under DIR/sanitizer/.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from harness.errors import EnvironmentBroken, InvalidArgument
+
+TOOL_CHOICES = ("racecheck", "synccheck", "memcheck", "initcheck", "all")
+REPORT_NAME = "sanitizer.json"
+RAW_DIR = "sanitizer"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sanitize", help="run our kernels and the planted bugs under compute-sanitizer")
+    p.add_argument("cases", nargs="*", help="case names (default: all); see the list in the error for a bad one")
+    p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all (default)")
+    p.add_argument("--report-dir", default="harness-report")
+    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per sanitized run")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cases run at once per tool (tools always run one at a time); >1 inflates timings")
+
+
+def _select(args):
+    from harness.sanitizer.cases import CASES, TOOLS, get_case
+
+    if args.tool not in TOOL_CHOICES:
+        raise InvalidArgument(f"--tool={args.tool!r} is not one of: {', '.join(TOOL_CHOICES)}")
+    if not args.timeout > 0:
+        raise InvalidArgument(f"--timeout={args.timeout}: must be > 0 seconds")
+    if args.jobs < 1:
+        raise InvalidArgument(f"--jobs={args.jobs}: must be >= 1")
+    tools = list(TOOLS) if args.tool == "all" else [args.tool]
+    cases = [get_case(name) for name in args.cases] if args.cases else list(CASES.values())
+    for case in cases:
+        if not set(case.tools) & set(tools):
+            raise InvalidArgument(f"case {case.name!r} runs under {', '.join(case.tools)} only, not --tool={args.tool}")
+    return tools, cases
+
+
+def figures(results) -> dict:
+    """Per tool: how many runs, how each came out, and its slowdown over the plain run of the same cases."""
+    out = {}
+    for tool in dict.fromkeys(r.tool for r in results):
+        runs = [r for r in results if r.tool == tool]
+        slow = [r.slowdown for r in runs if r.slowdown]
+        body = [r.body_seconds / r.plain_body_seconds for r in runs if r.body_seconds and r.plain_body_seconds]
+        out[tool] = {"runs": len(runs), "ok": sum(r.ok for r in runs),
+                     "clean": sum(r.status == "clean" for r in runs), "found": sum(r.status == "found" for r in runs),
+                     "failed": sum(r.status == "failed" for r in runs),
+                     "errors_in_clean_cases": sum(r.errors for r in runs if r.expected == "clean"),
+                     "planted_found": sum(r.ok for r in runs if r.expected != "clean"),
+                     "median_slowdown": round(statistics.median(slow), 2) if slow else None,
+                     "max_slowdown": round(max(slow), 2) if slow else None,
+                     "median_body_slowdown": round(statistics.median(body), 2) if body else None}
+    return out
+
+
+def _line(r) -> str:
+    verdict = "ok" if r.ok else "FAIL"
+    what = r.status if r.status != "found" else f"found {r.errors} error(s)"
+    timing = f"{r.seconds:.1f}s" + (f" (x{r.slowdown} plain)" if r.slowdown else "")
+    text = f"[{verdict}] {r.tool:9} {r.case:22} {what} (expected {r.expected}) {timing}"
+    if r.problem:
+        text += f"\n    {r.problem}"
+    if not r.ok:
+        text += f"\n    replay: {r.replay}"
+    return text
+
+
+def run(args) -> int:
+    from harness.sanitizer.binary import find_sanitizer
+    from harness.sanitizer.runner import run_all
+    from reports.writers import write_json_atomically
+
+    tools, cases = _select(args)
+    report_dir = Path(args.report_dir)
+    try:
+        binary = find_sanitizer()
+    except EnvironmentBroken as exc:
+        write_json_atomically(report_dir / REPORT_NAME, {"binary": None, "error": str(exc), "ok": False,
+                                                         "results": []})
+        raise
+    print(f"compute-sanitizer {binary.version} ({binary.source}: {binary.path}); tools: {', '.join(tools)}; "
+          f"{len(cases)} case(s)", flush=True)
+    results = run_all(binary, tools, cases, report_dir / RAW_DIR, timeout=args.timeout, jobs=args.jobs,
+                      on_result=lambda r: print(_line(r), flush=True))
+    ok = all(r.ok for r in results)
+    table = figures(results)
+    write_json_atomically(report_dir / REPORT_NAME, {
+        "binary": binary.as_dict(), "tools": tools, "cases": [c.name for c in cases], "jobs": args.jobs,
+        "ok": ok, "figures": table, "results": [r.as_dict() for r in results]})
+    for tool, row in table.items():
+        print(f"{tool:9} {row['ok']}/{row['runs']} ok; errors in clean cases {row['errors_in_clean_cases']}; "
+              f"planted found {row['planted_found']}; median slowdown x{row['median_slowdown']} "
+              f"(max x{row['max_slowdown']}, kernel body x{row['median_body_slowdown']})")
+    print(f"{'all ok' if ok else 'FAILED'}: {report_dir / REPORT_NAME}")
+    return 0 if ok else 1
