@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError, InvalidArgument
+from harness.sanitizer import cli as sanitize_cli
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
     mutants.add_argument("--report-dir", default="harness-report")
     mutants.add_argument("--only", default=None, help="comma-separated mutant names")
+    sanitize_cli.add_parser(sub)
     return parser
 
 
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
-                    "triage": cmd_triage, "csan": cmd_csan}
+                    "triage": cmd_triage, "csan": cmd_csan, "sanitize": sanitize_cli.run}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
