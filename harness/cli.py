@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError, InvalidArgument
 from harness.sanitizer import cli as sanitize_cli
+from reports import cli as report_cli
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
@@ -55,8 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     triage = sub.add_parser("triage", help="interface contracts on the built backend, then a short campaign")
     common(triage)
     triage.add_argument("--examples", type=int, default=50)
-    triage.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    triage.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23 | auto (what the target implements)")
     triage.add_argument("--report-dir", default="harness-report")
+    triage.add_argument("--versions", default=None,
+                        help="comma-separated sglang versions from PyPI: triage each in its own environment and "
+                             "report the first failing one")
+    triage.add_argument("--cache-dir", default=None, help="with --versions: wheels and environments "
+                                                          "(default: REPORT_DIR/envs)")
+    triage.add_argument("--bisect", action="store_true",
+                        help="with --versions: run as few versions as a binary search needs")
+    triage.add_argument("--missing-backend-fails", action="store_true",
+                        help="with --versions: a version without the DSV4 backend module counts as failing")
 
     csan = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
     csan.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
@@ -72,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--report-dir", default="harness-report")
     mutants.add_argument("--only", default=None, help="comma-separated mutant names")
     sanitize_cli.add_parser(sub)
+    report_cli.add_parser(sub)
     return parser
 
 
@@ -79,7 +90,8 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
-                    "triage": cmd_triage, "csan": cmd_csan, "sanitize": sanitize_cli.run}
+                    "triage": cmd_triage, "csan": cmd_csan, "sanitize": sanitize_cli.run,
+                    "report": report_cli.run}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -213,17 +225,29 @@ def cmd_triage(args) -> int:
     from harness.case import Batch, Case, Request
     from harness.device import make_device, resolve_device
     from harness.engine import parse_oracles
+    from harness.static_contracts import check_classes, triage_classes
     from harness.target import load_target
     from harness.triage import ENTRY_POINTS, check_object
     from reports.writers import write_json_atomically
 
-    semantics = _semantics(args.semantics)
+    if args.versions is not None:
+        from harness.versions import triage_versions
+
+        return triage_versions(args)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
+    semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
+                 else _semantics(args.semantics))
     session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
     breaks = check_object(session.model_runner.attn_backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
     for b in breaks:
         print(f"[contract] {b}")
+    static = check_classes(triage_classes(session))
+    static_breaks = [b for r in static for b in r.breaks]
+    for b in static_breaks:
+        print(f"[static] {b}")
+    for o in (o for r in static for o in r.open):
+        print(f"[static/unknowable] {o}")
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
                           examples=args.examples, mutant=args.mutant, oracles=parse_oracles(args.oracles))
     for finding in result.findings:
@@ -231,11 +255,14 @@ def cmd_triage(args) -> int:
     if result.minimal:
         print(f"  replay: {result.minimal.replay}")
     report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
-              "contract_breaks": [asdict(b) for b in breaks], "campaign": result.summary()}
+              "contract_breaks": [asdict(b) for b in breaks], "static_breaks": [asdict(b) for b in static_breaks],
+              "static_unknowable": [asdict(o) for r in static for o in r.open],
+              "static_subclass_hooks": [asdict(h) for r in static for h in r.hooks],
+              "static_classes": [r.cls for r in static], "campaign": result.summary()}
     write_json_atomically(Path(args.report_dir) / "triage.json", report)
-    print(f"{len(breaks)} contract break(s), {len(result.findings)} finding(s) in {result.cases} cases; "
-          f"report: {Path(args.report_dir) / 'triage.json'}")
-    return EXIT_FOUND if breaks or result.findings else EXIT_OK
+    print(f"{len(breaks)} contract break(s), {len(static_breaks)} static break(s) in {len(static)} classes, "
+          f"{len(result.findings)} finding(s) in {result.cases} cases; report: {Path(args.report_dir) / 'triage.json'}")
+    return EXIT_FOUND if breaks or static_breaks or result.findings else EXIT_OK
 
 
 def cmd_csan(args) -> int:

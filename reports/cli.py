@@ -1,0 +1,47 @@
+"""`python -m harness report DIR`: render a report folder's page and JUnit files from its JSON.
+
+The runs call `render_folder` after writing their JSON; this command re-renders a folder by hand,
+for example after copying it from a CI machine. A corrupt or partial JSON is an error naming the
+file and the field (exit 2), never a page that looks clean.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reports import junit
+from reports.folder import load_folder
+from reports.verdict import BROKEN, FOUND, Verdict, judge
+
+EXIT_CODES = {FOUND: 1, BROKEN: 3}  # CLEAN: 0; the harness's codes for "found" and "cannot vouch"
+
+
+def render_folder(path: Path, pytest_junit: Path | None = None) -> tuple[list[Path], Verdict]:
+    """Write index.html and the JUnit files of the runs present; returns the files written and the verdict."""
+    # jinja2 and matplotlib load only when a report is rendered, not on every CLI start
+    from reports.html import write_index
+
+    folder = load_folder(path, pytest_junit)
+    written = []
+    if folder.summary is not None:
+        written.append(junit.write(folder.path / junit.CAMPAIGN, junit.campaign_suite(folder.summary)))
+    if folder.mutants is not None:
+        written.append(junit.write(folder.path / junit.MUTANTS, junit.mutants_suite(folder.mutants)))
+    if folder.sanitizer is not None:
+        written.append(junit.write(folder.path / junit.SANITIZER, junit.sanitizer_suite(folder.sanitizer)))
+    written.append(write_index(folder))
+    return written, judge(folder)
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("report", help="re-render a report folder's index.html and JUnit files from its JSON")
+    parser.add_argument("dir", help="the report folder (holding summary.json, mutants.json, ...)")
+
+
+def run(args) -> int:
+    """Exit 0 clean, 1 found, 3 broken: the verdict the page shows."""
+    written, verdict = render_folder(Path(args.dir))
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{verdict.status}: {verdict.reason}")
+    return EXIT_CODES.get(verdict.status, 0)

@@ -1,0 +1,277 @@
+"""Read a report folder: every JSON file the runs write, validated field by field.
+
+A file that is absent is simply absent (the page leaves its section out), but a file that exists
+and is not valid JSON, or lacks a field the page uses, or holds a field of the wrong type, is a
+`ReportError` naming the file and the field: a truncated report must never render as a clean one.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import InvalidArgument
+
+SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
+PYTEST_JUNIT = "junit-pytest.xml"
+EXAMPLES = "examples"
+SANITIZER_STATUSES = ("clean", "found", "failed")
+CASE_OUTCOMES = ("clean", "found")
+
+_TYPES = {"str": (str,), "int": (int,), "number": (int, float), "bool": (bool,), "list": (list,), "object": (dict,)}
+
+
+class ReportError(InvalidArgument):
+    """A report file exists but cannot be used; the message names the file and what is wrong."""
+
+
+@dataclass
+class PytestCase:
+    name: str
+    status: str  # passed | failed | error | skipped
+    message: str = ""
+    seconds: float = 0.0
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PytestRun:
+    tests: int
+    failures: int
+    errors: int
+    skipped: int
+    seconds: float
+    cases: list[PytestCase]
+
+    @property
+    def problems(self) -> list[PytestCase]:
+        return [c for c in self.cases if c.status in ("failed", "error")]
+
+
+@dataclass
+class ReportFolder:
+    path: Path
+    summary: dict | None = None
+    mutants: list[dict] | None = None
+    triage: dict | None = None
+    sanitizer: dict | None = None
+    kernel: dict | None = None  # {"rows": [...], "meta": {...}} whatever shape the file had
+    pytest: PytestRun | None = None
+    examples: int | None = None  # entries in the hypothesis example database, None when there is none
+
+    @property
+    def empty(self) -> bool:
+        return not any((self.summary, self.mutants is not None, self.triage, self.sanitizer, self.kernel, self.pytest))
+
+
+class _Check:
+    """Field checks for one file; every error message starts with the file's name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def fail(self, what: str):
+        raise ReportError(f"{self.name}: {what}")
+
+    def need(self, data: dict, key: str, kind: str, where: str = "", *, optional: bool = False,
+             nullable: bool = False, allowed: tuple = ()):
+        path = f"{where}{key}"
+        if key not in data:
+            if optional:
+                return None
+            self.fail(f"missing field '{path}'")
+        value = data[key]
+        if value is None and (nullable or optional):
+            return None
+        ok = isinstance(value, _TYPES[kind]) and not (kind in ("int", "number") and isinstance(value, bool))
+        if not ok:
+            self.fail(f"field '{path}' must be {'a list' if kind == 'list' else 'an object' if kind == 'object' else kind}"
+                      f"{' or null' if nullable else ''}, got {json.dumps(value)[:60]}")
+        if allowed and value not in allowed:
+            self.fail(f"field '{path}' is {value!r}; allowed: {', '.join(allowed)}")
+        return value
+
+    def items(self, data: dict, key: str, where: str = "", *, optional: bool = False, kind: str = "object"):
+        """The list under `key`, each item checked to be of `kind`; yields (prefix, item)."""
+        values = self.need(data, key, "list", where, optional=optional) or []
+        for i, item in enumerate(values):
+            prefix = f"{where}{key}[{i}]"
+            if not isinstance(item, _TYPES[kind]):
+                self.fail(f"field '{prefix}' must be {'an object' if kind == 'object' else kind}, "
+                          f"got {json.dumps(item)[:60]}")
+            yield f"{prefix}.", item
+
+
+def _read_json(path: Path):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def check_summary(check: _Check, data, where: str = "") -> dict:
+    """The campaign's summary (harness/campaign.py CampaignResult.summary, plus cmd_run's fields)."""
+    if not isinstance(data, dict):
+        check.fail(f"{('field ' + repr(where.rstrip('.'))) if where else 'the top level'} must be an object")
+    for key in ("target", "device", "semantics"):
+        check.need(data, key, "str", where)
+    check.need(data, "cases", "int", where)
+    check.need(data, "duration_s", "number", where)
+    check.need(data, "seed", "int", where, optional=True)
+    check.need(data, "profile", "str", where, optional=True)
+    check.need(data, "mutant", "str", where, optional=True)
+    check.need(data, "cases_per_second", "number", where, optional=True)
+    first = check.need(data, "first_detection", "object", where, optional=True)
+    if first is not None:
+        check.need(first, "examples", "int", f"{where}first_detection.")
+        check.need(first, "seconds", "number", f"{where}first_detection.")
+    for prefix, finding in check.items(data, "findings", where):
+        for key in ("oracle", "kind", "message", "case_summary", "replay"):
+            check.need(finding, key, "str", prefix)
+        check.need(finding, "severity", "str", prefix, optional=True)
+        check.need(finding, "details", "object", prefix, optional=True)
+        check.need(finding, "batch", "int", prefix, optional=True)
+    for prefix, record in check.items(data, "cases_log", where, optional=True):
+        check.need(record, "i", "int", prefix)
+        check.need(record, "t", "number", prefix)
+        check.need(record, "outcome", "str", prefix, allowed=CASE_OUTCOMES)
+        check.need(record, "tokens", "int", prefix)
+        check.need(record, "requests", "int", prefix)
+        check.need(record, "graph", "bool", prefix)
+        check.need(record, "spec", "str", prefix)
+    telemetry = check.need(data, "telemetry", "object", where, optional=True)
+    if telemetry is not None:
+        list(check.items(telemetry, "gpus", f"{where}telemetry."))
+        check.need(telemetry, "suspect", "bool", f"{where}telemetry.")
+        list(check.items(telemetry, "reasons", f"{where}telemetry.", kind="str"))
+    return data
+
+
+def check_mutants(check: _Check, data) -> list[dict]:
+    """The kill table (harness/corpus.py run_kill_table): one row per mutant."""
+    if not isinstance(data, list):
+        check.fail("the top level must be a list of mutant rows")
+    for prefix, row in check.items({"rows": data}, "rows"):
+        prefix = prefix.removeprefix("rows")
+        check.need(row, "name", "str", prefix)
+        check.need(row, "killed", "bool", prefix)
+        list(check.items(row, "oracles", prefix, kind="str"))
+        check.need(row, "examples_to_detect", "int", prefix, nullable=True)
+        check.need(row, "seconds_to_detect", "number", prefix, nullable=True)
+        for key in ("description", "expected_oracle", "minimal_case", "replay"):
+            check.need(row, key, "str", prefix, optional=True)
+        list(check.items(row, "contract_failures", prefix, optional=True, kind="str"))
+    return data
+
+
+def check_triage(check: _Check, data) -> dict:
+    """harness/cli.py cmd_triage: the contract breaks, then a short campaign."""
+    if not isinstance(data, dict):
+        check.fail("the top level must be an object")
+    for key in ("target", "device", "semantics"):
+        check.need(data, key, "str")
+    for prefix, b in check.items(data, "contract_breaks"):
+        for key in ("cls", "attribute", "file"):
+            check.need(b, key, "str", prefix)
+        check.need(b, "line", "int", prefix)
+        list(check.items(b, "call_path", prefix, kind="str"))
+    check_summary(check, check.need(data, "campaign", "object"), "campaign.")
+    return data
+
+
+def check_sanitizer(check: _Check, data) -> dict:
+    """The compute-sanitizer run: the binary used, then one result per tool and case."""
+    if not isinstance(data, dict):
+        check.fail("the top level must be an object")
+    binary = check.need(data, "binary", "object")
+    for key in ("path", "source", "version"):
+        check.need(binary, key, "str", "binary.", nullable=True)
+    for prefix, result in check.items(data, "results"):
+        check.need(result, "tool", "str", prefix)
+        check.need(result, "case", "str", prefix)
+        check.need(result, "status", "str", prefix, allowed=SANITIZER_STATUSES)
+        for key in ("problem", "expected", "replay"):
+            check.need(result, key, "str", prefix, optional=True)
+        for key in ("exit_code", "errors", "warnings"):
+            check.need(result, key, "int", prefix, optional=True)
+        for key in ("seconds", "plain_seconds", "slowdown"):
+            check.need(result, key, "number", prefix, optional=True)
+        list(check.items(result, "kernels_seen", prefix, optional=True, kind="str"))
+        for fprefix, finding in check.items(result, "findings", prefix, optional=True):
+            for key in ("kind", "kernel", "message", "severity"):
+                check.need(finding, key, "str", fprefix, optional=True)
+    return data
+
+
+def check_kernel(check: _Check, data) -> dict:
+    """A kernel benchmark: a list of rows, or an object holding them under "rows" beside scalar facts."""
+    if isinstance(data, list):
+        data = {"rows": data}
+    if not isinstance(data, dict):
+        check.fail("the top level must be a list of rows or an object with 'rows'")
+    for prefix, row in check.items(data, "rows"):
+        check.need(row, "name", "str", prefix)
+        check.need(row, "tokens", "int", prefix, optional=True)
+        for key in ("ms", "gbps", "tflops", "pct_roofline", "roofline_gbps"):
+            check.need(row, key, "number", prefix, optional=True)
+    return {"rows": data["rows"], "meta": {k: v for k, v in data.items() if k != "rows"}}
+
+
+def read_pytest_junit(path: Path) -> PytestRun:
+    """pytest's own JUnit XML (--junitxml): the counts and each test's outcome and properties."""
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        line, column = exc.position
+        raise ReportError(f"{path.name}: not well-formed XML (line {line} column {column})") from None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    if root.tag not in ("testsuite", "testsuites") or not suites:
+        raise ReportError(f"{path.name}: no <testsuite> element (root is <{root.tag}>)")
+    totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
+    seconds, cases = 0.0, []
+    for suite in suites:
+        for key in totals:
+            try:
+                totals[key] += int(suite.get(key, "0"))
+            except ValueError:
+                raise ReportError(f"{path.name}: <testsuite {key}={suite.get(key)!r}> is not an integer") from None
+        seconds += float(suite.get("time", "0") or 0)
+        for case in suite.iter("testcase"):
+            status, message = "passed", ""
+            for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+                node = case.find(tag)
+                if node is not None:
+                    status, message = name, node.get("message") or (node.text or "").strip()
+                    break
+            props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+            name = ".".join(filter(None, (case.get("classname"), case.get("name"))))
+            cases.append(PytestCase(name, status, message, float(case.get("time", "0") or 0), props))
+    return PytestRun(seconds=seconds, cases=cases, **totals)
+
+
+def load_folder(path: Path, pytest_junit: Path | None = None) -> ReportFolder:
+    """`pytest_junit`: where pytest wrote its JUnit XML, when not in the folder as junit-pytest.xml."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InvalidArgument(f"report folder {path}: no such directory")
+    folder = ReportFolder(path)
+    for name, attr, check in ((SUMMARY, "summary", check_summary), (MUTANTS, "mutants", check_mutants),
+                              (TRIAGE, "triage", check_triage), (SANITIZER, "sanitizer", check_sanitizer),
+                              (KERNEL, "kernel", check_kernel)):
+        file = path / name
+        if file.is_file():
+            setattr(folder, attr, check(_Check(name), _read_json(file)))
+    if pytest_junit is not None and not Path(pytest_junit).is_file():
+        raise ReportError(f"{Path(pytest_junit).name}: pytest's JUnit XML was not written")
+    junit = Path(pytest_junit) if pytest_junit else path / PYTEST_JUNIT
+    if junit.is_file():
+        folder.pytest = read_pytest_junit(junit)
+    if (path / EXAMPLES).is_dir():
+        folder.examples = sum(1 for p in (path / EXAMPLES).rglob("*") if p.is_file())
+    return folder

@@ -1,0 +1,115 @@
+"""index.html: the page a person reads first, self-contained (inline CSS and SVG, no network).
+
+The verdict comes first, then the findings with their minimal case, first differing values and
+replay command, then each run's section. A part whose file is absent is left out.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jinja2
+
+from reports import plots
+from reports.folder import ReportFolder
+from reports.junit import flatten
+from reports.verdict import judge, sanitizer_outcome
+from reports.writers import write_text_atomically
+
+INDEX = "index.html"
+TEMPLATES = Path(__file__).parent / "templates"
+
+# The engine's messages for a differing output and a float64 mismatch (harness/engine.py).
+_DIFFERS = re.compile(r"first at (?P<where>.+): overlapped (?P<overlapped>\S+), barriered (?P<barriered>\S+)$")
+_FLOAT64 = re.compile(r"max error (?P<error>\S+) > (?P<tolerance>\S+) at (?P<where>.+)$")
+
+
+def first_difference(finding: dict) -> list[tuple[str, str]]:
+    """The first differing values a finding names, as (label, value) rows; [] when it names none."""
+    message = finding["message"].strip()
+    match = _DIFFERS.search(message)
+    if match:
+        tensor = (finding.get("details") or {}).get("tensor") or message.split(":", 1)[0]
+        return [("output", tensor), ("first at", match["where"]), ("overlapped run", match["overlapped"]),
+                ("barriered run", match["barriered"])]
+    match = _FLOAT64.search(message)
+    if match:
+        return [("at", match["where"]), ("max error", match["error"]), ("tolerance", match["tolerance"])]
+    return []
+
+
+def group_findings(findings: list[dict]) -> list[dict]:
+    """Findings of one minimal case share its summary and replay command: show those once."""
+    groups: dict[tuple[str, str], dict] = {}
+    for finding in findings:
+        key = (finding["case_summary"], finding["replay"])
+        group = groups.setdefault(key, {"case_summary": key[0], "replay": key[1], "findings": []})
+        group["findings"].append({**finding, "first_difference": first_difference(finding)})
+    for group in groups.values():  # performance-only findings (a missed fast path) are drawn apart
+        group["performance"] = all(f.get("severity") == "performance" for f in group["findings"])
+    return list(groups.values())
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def _gpu_title(gpu: dict, index: int) -> str:
+    for source in (gpu, gpu.get("after") or {}, gpu.get("before") or {}):
+        if isinstance(source, dict) and source.get("name"):
+            return f"GPU {source.get('index', index)}: {source['name']}"
+    return f"GPU {index}"
+
+
+def _campaign_context(summary: dict, with_plots: bool = True) -> dict:
+    log = (summary.get("cases_log") or []) if with_plots else []
+    telemetry = summary.get("telemetry")
+    return {
+        "summary": summary,
+        "groups": group_findings(summary["findings"]),
+        "plots": [p for p in (plots.cases_over_time(log), plots.geometry(log)) if p],
+        "telemetry": None if telemetry is None else {
+            "suspect": telemetry["suspect"], "reasons": telemetry["reasons"],
+            "gpus": [{"title": _gpu_title(g, i), "rows": [(name[1:], value) for name, value in flatten("", g)]}
+                     for i, g in enumerate(telemetry["gpus"])]},
+    }
+
+
+def render_html(folder: ReportFolder) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["fmt"] = _fmt
+    kernel = folder.kernel
+    columns = list(dict.fromkeys(k for row in kernel["rows"] for k in row)) if kernel else []
+    sanitizer = folder.sanitizer
+    return env.get_template("index.html.j2").render(
+        folder=folder,
+        verdict=judge(folder),
+        campaign=_campaign_context(folder.summary) if folder.summary else None,
+        triage=folder.triage and {**folder.triage, "context": _campaign_context(folder.triage["campaign"], False)},
+        mutants=folder.mutants,
+        mutants_plot=plots.detection_times(folder.mutants) if folder.mutants else None,
+        sanitizer=sanitizer and {
+            "binary": sanitizer["binary"],
+            "tools": {tool: [{**r, "outcome": sanitizer_outcome(r)} for r in sanitizer["results"] if r["tool"] == tool]
+                      for tool in dict.fromkeys(r["tool"] for r in sanitizer["results"])},
+            "plot": plots.sanitizer_slowdown(sanitizer["results"])},
+        kernel=kernel and {"rows": kernel["rows"], "meta": kernel["meta"], "columns": columns,
+                           "plot": plots.kernel_vs_roofline(kernel["rows"])},
+        pytest=folder.pytest,
+    )
+
+
+def write_index(folder: ReportFolder) -> Path:
+    path = folder.path / INDEX
+    write_text_atomically(path, render_html(folder))
+    return path

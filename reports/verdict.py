@@ -1,0 +1,124 @@
+"""The one word at the top of the report: FOUND, BROKEN or CLEAN, and why.
+
+FOUND: something in the target was found (a campaign finding, a contract break, a sanitizer finding
+on a clean kernel, a failed test). BROKEN: the run cannot vouch for its own result (a mutant
+survived, a planted sanitizer bug went unseen, a tool failed, nothing ran, the GPU was suspect).
+CLEAN only when every part that is present ran and found nothing. FOUND wins over BROKEN because it
+is news about the target; every reason of both kinds is listed under the headline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reports.folder import ReportFolder
+
+FOUND, BROKEN, CLEAN = "FOUND", "BROKEN", "CLEAN"
+OK = "ok"  # a part that ran as it should
+
+
+@dataclass
+class Verdict:
+    status: str
+    reason: str
+    found: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+
+
+def _first_line(text: str, width: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def sanitizer_outcome(result: dict) -> tuple[str, str]:
+    """(FOUND | BROKEN | OK, why) for one tool on one case; `expected` is "clean" or a planted finding kind."""
+    expected = result.get("expected") or "clean"
+    kinds = [f.get("kind") for f in result.get("findings") or []]
+    where = f"{result['tool']} on {result['case']}"
+    if result["status"] == "failed":
+        return BROKEN, f"{where} failed: {result.get('problem') or 'no reason given'}"
+    if expected == "clean":
+        if result["status"] == "found":
+            first = (result.get("findings") or [{}])[0]
+            return FOUND, f"{where}: {len(kinds)} finding(s), first {first.get('kind', '?')} in {first.get('kernel', '?')}"
+        return OK, f"{where}: clean"
+    if expected not in kinds:
+        return BROKEN, f"{where}: the planted {expected} was not found (got {', '.join(map(str, kinds)) or 'nothing'})"
+    return OK, f"{where}: found the planted {expected}"
+
+
+def campaign_reasons(summary: dict, label: str) -> tuple[list[str], list[str]]:
+    found, broken = [], []
+    if summary["cases"] == 0:
+        broken.append(f"{label} ran no cases")
+    findings = summary["findings"]
+    if findings:
+        first = findings[0]
+        found.append(f"{label}: {len(findings)} finding(s) in {summary['cases']} cases; first "
+                     f"{first['oracle']}/{first['kind']}: {_first_line(first['message'], 120)}")
+    telemetry = summary.get("telemetry")
+    if telemetry and telemetry["suspect"]:
+        broken.append(f"{label}: the GPU was suspect ({'; '.join(telemetry['reasons']) or 'no reason given'})")
+    return found, broken
+
+
+def judge(folder: ReportFolder) -> Verdict:
+    found, broken, ran = [], [], []
+    if folder.empty:
+        broken.append("the report folder holds none of the report files: nothing ran, or nothing was written")
+    if folder.summary is not None:
+        f, b = campaign_reasons(folder.summary, "campaign")
+        found += f
+        broken += b
+        ran.append(f"{folder.summary['cases']} campaign cases")
+    if folder.triage is not None:
+        breaks = folder.triage["contract_breaks"]
+        if breaks:
+            first = breaks[0]
+            found.append(f"triage: {len(breaks)} contract break(s); first {first['cls']}.{first['attribute']} "
+                         f"missing ({first['file']}:{first['line']})")
+        f, b = campaign_reasons(folder.triage["campaign"], "triage campaign")
+        found += f
+        broken += b
+        ran.append("triage")
+    if folder.mutants is not None:
+        alive = [r["name"] for r in folder.mutants if not r["killed"]]
+        if not folder.mutants:
+            broken.append("the kill table has no rows")
+        elif alive:
+            broken.append(f"kill table: {len(alive)} of {len(folder.mutants)} mutants survived ({', '.join(alive)})")
+        ran.append(f"{len(folder.mutants) - len(alive)}/{len(folder.mutants)} mutants killed")
+    if folder.sanitizer is not None:
+        results = folder.sanitizer["results"]
+        if not results:
+            broken.append("the sanitizer run has no results")
+        for result in results:
+            state, why = sanitizer_outcome(result)
+            if state == FOUND:
+                found.append(f"sanitizer: {why}")
+            elif state == BROKEN:
+                broken.append(f"sanitizer: {why}")
+        ran.append(f"{len(results)} sanitizer runs")
+    if folder.pytest is not None:
+        run = folder.pytest
+        if run.tests == 0:
+            broken.append("pytest ran no tests")
+        if run.errors:
+            broken.append(f"pytest: {run.errors} test(s) errored, first {_first_problem(run, 'error')}")
+        if run.failures:
+            found.append(f"pytest: {run.failures} of {run.tests} test(s) failed, first {_first_problem(run, 'failed')}")
+        ran.append(f"{run.tests} tests")
+    if found:
+        return Verdict(FOUND, _headline(found), found, broken)
+    if broken:
+        return Verdict(BROKEN, _headline(broken), found, broken)
+    return Verdict(CLEAN, "nothing found in " + ", ".join(ran), found, broken)
+
+
+def _first_problem(run, status: str) -> str:
+    case = next((c for c in run.cases if c.status == status), None)
+    return case.name if case else "(not listed)"
+
+
+def _headline(reasons: list[str]) -> str:
+    return reasons[0] + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else "")

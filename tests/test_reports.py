@@ -1,0 +1,331 @@
+"""The report folder: JUnit XML, the verdict, corrupt-file errors, re-rendering, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from reports import junit
+from reports.cli import render_folder
+from reports.folder import ReportError, load_folder
+from reports.html import first_difference, render_html
+from reports.verdict import BROKEN, CLEAN, FOUND, judge
+from reports.writers import write_json_atomically, write_text_atomically
+
+pytest_plugins = ["pytester"]  # the reporting plugin is checked in an inner pytest run
+
+REPLAY = "python -m harness replay --target reference --mutant snapshot_skipped --device cpu --case '{}'"
+DIFF_MESSAGE = ("host_kv: 216 element(s) differ from the barriered run; first at index [0, 1, 0]: "
+                "overlapped 0, barriered 0.188595")
+
+
+def finding(oracle="differential", kind="output-differs", message=DIFF_MESSAGE, **extra) -> dict:
+    return {"oracle": oracle, "kind": kind, "message": message, "batch": 0, "severity": "correctness",
+            "details": {"tensor": "host_kv"}, "case": {}, "case_summary": "sem=0.5.23 spec=NONE [EXTEND 9+6]",
+            "replay": REPLAY, **extra}
+
+
+def summary(findings=(), cases=4, telemetry=None) -> dict:
+    log = [{"i": i, "t": 0.1 * i, "outcome": "found" if findings and i == cases else "clean", "tokens": 3 * i,
+            "requests": 1 + i % 3, "graph": i % 2 == 0, "spec": "NONE"} for i in range(1, cases + 1)]
+    data = {"target": "reference", "device": "cpu", "semantics": "0.5.23", "seed": None, "profile": "ci",
+            "cases": cases, "duration_s": 0.1 * cases, "cases_per_second": 10.0,
+            "first_detection": {"examples": cases, "seconds": 0.1 * cases} if findings else None,
+            "findings": list(findings), "cases_log": log, "mutant": None}
+    if telemetry is not None:
+        data["telemetry"] = telemetry
+    return data
+
+
+def telemetry(suspect=False) -> dict:
+    gpu = {"available": True, "after": {"index": 0, "name": "NVIDIA H200", "sm_clock_mhz": 1980,
+                                        "clock_events": ["hw_thermal_slowdown"] if suspect else []}}
+    return {"gpus": [gpu], "suspect": suspect, "reasons": ["clock event hw_thermal_slowdown active"] if suspect else []}
+
+
+def mutant_row(name, killed=True, seconds=0.12, examples=3) -> dict:
+    return {"name": name, "description": f"{name} put back", "source": "#35947", "expected_oracle": "differential",
+            "killed": killed, "oracle": "differential" if killed else None, "oracles": ["differential"] if killed else [],
+            "examples_to_detect": examples if killed else None, "seconds_to_detect": seconds if killed else None,
+            "minimal_case": "sem=0.5.23 spec=NONE [EXTEND 2+3]" if killed else None,
+            "replay": REPLAY if killed else None, "contract_failures": []}
+
+
+def san_result(tool, case, status, expected="clean", kinds=()) -> dict:
+    return {"tool": tool, "case": case, "status": status, "problem": "timed out after 300 s" if status == "failed" else None,
+            "exit_code": 0 if status == "clean" else 1, "errors": len(kinds), "warnings": 0, "seconds": 4.0,
+            "plain_seconds": 0.5, "slowdown": 8.0, "kernels_seen": ["_sparse_attention_kernel"],
+            "findings": [{"kind": k, "kernel": "planted", "location": "planted.py:12", "thread": "(3,0,0)",
+                          "block": "(0,0,0)", "address": "0x7f00", "access": "write", "severity": "error",
+                          "message": f"{k} in planted"} for k in kinds],
+            "expected": expected, "replay": f"python -m harness sanitize --tool {tool} {case}"}
+
+
+def sanitizer(results) -> dict:
+    return {"binary": {"path": "compute-sanitizer", "source": "PATH", "version": "2025.1"}, "results": results}
+
+
+def kernel() -> dict:
+    return {"device": "NVIDIA H200", "rows": [
+        {"name": "sparse_attention", "tokens": t, "ms": 0.01 * t ** 0.8, "gbps": 900.0, "pct_roofline": 19.0,
+         "roofline_gbps": 4800.0} for t in (64, 512, 4096)]}
+
+
+def write_folder(path: Path, **files) -> Path:
+    """`files`: name (dots as underscores, e.g. summary_json) -> JSON data, or text for a raw file."""
+    path.mkdir(parents=True, exist_ok=True)
+    for key, data in files.items():
+        name = key.replace("_json", ".json").replace("_xml", ".xml")
+        (path / name).write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def full_folder(path: Path) -> Path:
+    """Every part present, with a finding: what the browser test opens."""
+    return write_folder(
+        path, summary_json=summary([finding(), finding("happens-before", "unordered-access", "race on 'x'")],
+                                   telemetry=telemetry()),
+        mutants_json=[mutant_row("snapshot_skipped"), mutant_row("copy_keeps_cache", seconds=0.3, examples=7)],
+        sanitizer_json=sanitizer([san_result("racecheck", "planted_race", "found", "race", ["race"]),
+                                  san_result("racecheck", "attention_t5", "clean"),
+                                  san_result("memcheck", "attention_t5", "clean")]),
+        kernel_json=kernel(),
+        triage_json={"target": "reference", "device": "cpu", "semantics": "0.5.23",
+                     "contract_breaks": [{"cls": "DeepseekV4AttnBackend", "attribute": "token_to_kv_pool",
+                                          "call_path": ["init_forward_metadata", "_build"], "file": "backend.py",
+                                          "line": 120}], "campaign": summary()})
+
+
+# -- the campaign's per-case log ------------------------------------------------------------------
+
+def test_campaign_summary_logs_every_counted_case(tmp_path):
+    from harness.campaign import run_campaign
+    from harness.target import ReferenceTarget
+
+    data = run_campaign(ReferenceTarget(), examples=2, seeds=False).summary()
+    assert len(data["cases_log"]) == data["cases"] == 2
+    assert [r["i"] for r in data["cases_log"]] == [1, 2]
+    assert all(r["outcome"] == "clean" and r["tokens"] >= 1 and r["requests"] >= 1 for r in data["cases_log"])
+    assert load_folder(write_folder(tmp_path, summary_json=data)).summary["cases_log"] == data["cases_log"]
+
+
+# -- JUnit ----------------------------------------------------------------------------------------
+
+def _parse(suite: ET.Element) -> ET.Element:
+    return ET.fromstring(junit.to_bytes(suite)).find("testsuite")
+
+
+def test_campaign_junit_fails_the_finding_case_with_replay_and_telemetry_properties():
+    suite = _parse(junit.campaign_suite(summary([finding()], telemetry=telemetry(suspect=True))))
+    assert suite.get("tests") == "4" and suite.get("failures") == "1" and suite.get("errors") == "0"
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["telemetry.suspect"] == "true" and "hw_thermal_slowdown" in props["telemetry.reasons"]
+    assert props["telemetry.gpus.0.after.name"] == "NVIDIA H200"
+    failing = [c for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert failing[0].get("name").startswith("case 4:")
+    case_props = {p.get("name"): p.get("value") for p in failing[0].iter("property")}
+    assert case_props["replay"] == REPLAY
+    assert "differential/output-differs" in failing[0].find("failure").get("message")
+
+
+def test_clean_campaign_junit_passes_and_an_empty_one_errors():
+    assert _parse(junit.campaign_suite(summary())).get("failures") == "0"
+    empty = _parse(junit.campaign_suite(summary(cases=0)))
+    assert empty.get("errors") == "1" and "no cases" in empty.find("testcase/error").get("message")
+
+
+def test_mutant_and_sanitizer_junit():
+    mutants = _parse(junit.mutants_suite([mutant_row("a"), mutant_row("b", killed=False)]))
+    assert mutants.get("tests") == "2" and mutants.get("failures") == "1"
+    assert "survived" in mutants.find("testcase[@name='b']/failure").get("message")
+    san = _parse(junit.sanitizer_suite(sanitizer([
+        san_result("racecheck", "planted_race", "found", "race", ["race"]),  # as expected: passes
+        san_result("memcheck", "attention", "found", "clean", ["out-of-bounds"]),  # a real finding
+        san_result("initcheck", "planted_uninit", "clean", "uninitialized-read"),  # missed the planted bug
+        san_result("synccheck", "attention", "failed")])))
+    assert (san.get("tests"), san.get("failures"), san.get("errors")) == ("4", "2", "1")
+    assert san.find("testcase[@name='planted_race']/failure") is None
+    assert "not found" in san.find("testcase[@name='planted_uninit']/failure").get("message")
+    assert {p.get("name") for p in san.find("properties")} == {"binary.path", "binary.source", "binary.version"}
+
+
+# -- the verdict ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("files,status,needle", [
+    ({"summary_json": summary()}, CLEAN, "nothing found in 4 campaign cases"),
+    ({"summary_json": summary([finding()])}, FOUND, "1 finding(s)"),
+    ({"summary_json": summary(cases=0)}, BROKEN, "ran no cases"),
+    ({"summary_json": summary(telemetry=telemetry(suspect=True))}, BROKEN, "GPU was suspect"),
+    ({"mutants_json": [mutant_row("a"), mutant_row("b", killed=False)]}, BROKEN, "1 of 2 mutants survived (b)"),
+    ({"mutants_json": [mutant_row("a")]}, CLEAN, "1/1 mutants killed"),
+    ({"sanitizer_json": sanitizer([san_result("racecheck", "k", "failed")])}, BROKEN, "timed out"),
+    ({"sanitizer_json": sanitizer([san_result("racecheck", "k", "found", "clean", ["race"])])}, FOUND, "1 finding(s)"),
+    ({"sanitizer_json": sanitizer([san_result("racecheck", "p", "found", "race", ["race"])])}, CLEAN, "1 sanitizer"),
+    ({"sanitizer_json": sanitizer([san_result("racecheck", "p", "clean", "race")])}, BROKEN, "planted race was not found"),
+    ({"triage_json": {"target": "t", "device": "cpu", "semantics": "pr", "contract_breaks": [],
+                      "campaign": summary()}}, CLEAN, "triage"),
+    ({}, BROKEN, "holds none of the report files"),
+])
+def test_verdict(tmp_path, files, status, needle):
+    verdict = judge(load_folder(write_folder(tmp_path, **files)))
+    assert verdict.status == status and needle in verdict.reason, verdict
+
+
+def test_found_wins_over_broken_and_both_are_listed(tmp_path):
+    folder = write_folder(tmp_path, summary_json=summary([finding()]), mutants_json=[mutant_row("b", killed=False)])
+    verdict = judge(load_folder(folder))
+    assert verdict.status == FOUND and len(verdict.found) == 1 and "survived" in verdict.broken[0]
+    assert "survived" not in verdict.reason
+
+
+def test_first_differing_values_come_from_the_message():
+    rows = dict(first_difference(finding()))
+    assert rows == {"output": "host_kv", "first at": "index [0, 1, 0]", "overlapped run": "0", "barriered run": "0.188595"}
+    f64 = finding("float64", "attention-mismatch", "batch 0 layer 1 (ratio 4): max error 0.5 > 1e-05 at token row 2 "
+                  "(request 0, position 7)")
+    assert dict(first_difference(f64))["max error"] == "0.5"
+    assert first_difference(finding("happens-before", "unordered-access", "race on 'x'")) == []
+
+
+# -- corrupt or partial files ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("summary.json", '{"target": "reference",\n  "cases": 3,\n  "dev', "summary.json: not valid JSON (Unterminated string"),
+    ("summary.json", json.dumps({k: v for k, v in summary().items() if k != "cases"}), "summary.json: missing field 'cases'"),
+    ("summary.json", json.dumps({**summary(), "cases": "7"}), "summary.json: field 'cases' must be int, got \"7\""),
+    ("summary.json", json.dumps({**summary(), "findings": [{"oracle": "x"}]}), "missing field 'findings[0].kind'"),
+    ("summary.json", json.dumps({**summary(), "cases_log": [{"i": 1}]}), "missing field 'cases_log[0].t'"),
+    ("summary.json", "[1, 2]", "summary.json: the top level must be an object"),
+    ("mutants.json", json.dumps([{"name": "a"}]), "mutants.json: missing field '[0].killed'"),
+    ("sanitizer.json", json.dumps(sanitizer([{**san_result("racecheck", "k", "clean"), "status": "ok"}])),
+     "sanitizer.json: field 'results[0].status' is 'ok'; allowed: clean, found, failed"),
+    ("triage.json", json.dumps({"target": "t", "device": "cpu", "semantics": "pr", "contract_breaks": []}),
+     "triage.json: missing field 'campaign'"),
+    ("kernel.json", json.dumps({"rows": [{"tokens": 4}]}), "kernel.json: missing field 'rows[0].name'"),
+    ("junit-pytest.xml", "<testsuites><testsuite tests='3'>", "junit-pytest.xml: not well-formed XML (line 1"),
+])
+def test_corrupt_or_partial_file_is_a_clear_error(tmp_path, name, text, needle):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ReportError) as raised:
+        load_folder(tmp_path)
+    assert needle in str(raised.value)
+
+
+def test_report_command_names_the_corrupt_file_and_exits_2(tmp_path, capsys):
+    (tmp_path / "summary.json").write_text('{"target": "reference", "cases": ')
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: summary.json: not valid JSON (") and "line 1 column" in err
+    assert not (tmp_path / "index.html").exists()
+    assert main(["report", str(tmp_path / "absent")]) == 2
+
+
+def test_good_files_load_without_error(tmp_path):
+    folder = load_folder(full_folder(tmp_path))
+    assert folder.summary and folder.mutants and folder.sanitizer and folder.kernel and folder.triage
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+def _without_log(data: dict) -> dict:
+    """Fewer plots to draw: this test is about files and re-rendering, not plots."""
+    return {k: v for k, v in data.items() if k != "cases_log"}
+
+
+def test_report_command_renders_page_and_junit_and_re_renders(tmp_path, capsys):
+    write_folder(tmp_path, summary_json=_without_log(summary()), mutants_json=[mutant_row("a")])
+    assert main(["report", str(tmp_path)]) == 0
+    assert "CLEAN: nothing found" in capsys.readouterr().out
+    page = (tmp_path / "index.html").read_text()
+    assert 'id="verdict">CLEAN<' in page and page.count("<svg") == 1  # the mutants' plot
+    for name in (junit.CAMPAIGN, junit.MUTANTS):
+        ET.parse(tmp_path / name)
+    write_folder(tmp_path, summary_json=_without_log(summary([finding()])))
+    assert main(["report", str(tmp_path)]) == 1
+    page = (tmp_path / "index.html").read_text()
+    assert 'id="verdict">FOUND<' in page and REPLAY.replace("'", "&#39;") in page and "0.188595" in page
+    assert render_folder(tmp_path)[0] and (tmp_path / "index.html").read_text() == page  # deterministic
+
+
+def test_page_is_self_contained_and_holds_every_section(tmp_path):
+    page = render_html(load_folder(full_folder(tmp_path)))
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    assert "<script src" not in page and "@import" not in page and "url(http" not in page
+    for anchor in ("campaign", "triage", "mutants", "sanitizer", "kernel", "telemetry", "files"):
+        assert f'id="{anchor}"' in page
+    assert page.count("<svg") == 5  # cases, geometry, detection times, sanitizer slowdown, kernel roofline
+    assert "token_to_kv_pool" in page and "NVIDIA H200" in page
+
+
+def test_missing_parts_are_absent_sections(tmp_path):
+    page = render_html(load_folder(write_folder(tmp_path, mutants_json=[mutant_row("a")])))
+    assert 'id="mutants"' in page and 'id="campaign"' not in page and 'id="sanitizer"' not in page
+
+
+# -- atomic writes --------------------------------------------------------------------------------
+
+def test_a_killed_writer_leaves_the_old_file_and_no_partial_one(tmp_path, monkeypatch):
+    target = tmp_path / "summary.json"
+    write_json_atomically(target, {"cases": 1})
+
+    def killed(src, dst):
+        raise KeyboardInterrupt  # the process dies between writing the temporary file and the rename
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_json_atomically(target, {"cases": 2, "findings": ["x" * 100_000]})
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomically(tmp_path / "index.html", "<html>")
+    assert json.loads(target.read_text()) == {"cases": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    target = tmp_path / "deep" / "index.html"
+    write_text_atomically(target, "old")
+    write_text_atomically(target, "new")
+    assert target.read_text() == "new" and [p.name for p in target.parent.iterdir()] == ["index.html"]
+
+
+# -- the pytest plugin ----------------------------------------------------------------------------
+
+def _inner_pytest(pytester, request, report: Path):
+    pytester.makepyfile(test_sample="""
+        def test_ok():
+            pass
+
+        def test_race(harness_replay):
+            harness_replay("python -m harness replay --case '{}'")
+            assert False, "attention differs from the barriered run"
+    """)
+    args = ["--harness-report", str(report), "-p", "no:xdist", "-p", "no:cacheprovider"]
+    if not request.config.pluginmanager.has_plugin("dsv4_reporting"):  # a checkout without `pip install -e .`
+        args += ["-p", "fixtures.reporting"]
+    return pytester.runpytest(*args)
+
+
+def test_pytest_plugin_writes_junit_with_the_replay_and_renders_the_page(pytester, request, tmp_path):
+    result = _inner_pytest(pytester, request, tmp_path)
+    result.assert_outcomes(passed=1, failed=1)
+    suite = ET.parse(tmp_path / "junit-pytest.xml").getroot().find("testsuite")
+    race = suite.find("testcase[@name='test_race']")
+    assert race.find("failure") is not None
+    assert {p.get("name"): p.get("value") for p in race.iter("property")} == {
+        "replay": "python -m harness replay --case '{}'"}
+    page = (tmp_path / "index.html").read_text()
+    assert 'id="verdict">FOUND<' in page and "1 of 2 test(s) failed" in page
+    assert "python -m harness replay --case &#39;{}&#39;" in page
+
+
+def test_pytest_plugin_fails_the_session_on_a_corrupt_report_file(pytester, request, tmp_path):
+    (tmp_path / "mutants.json").write_text("[{")
+    result = _inner_pytest(pytester, request, tmp_path)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*harness report: error: mutants.json: not valid JSON*"])
+    assert not (tmp_path / "index.html").exists()
