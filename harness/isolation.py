@@ -1,0 +1,252 @@
+"""Cases judged in a child process, so that one which kills its process or hangs does not end the run.
+
+A case that makes an illegal memory access leaves the CUDA context unusable, a segfault in an
+extension kills the interpreter, and a deadlocked stream never returns. `IsolatedRunner` keeps one
+child (``python -m harness.isolation``: a fresh interpreter, so never a fork of a process that has
+initialised CUDA) and sends it cases one at a time over its stdin; the child answers each with the
+judged findings and the replay command as one JSON line. A child that dies, or does not answer within
+the case's timeout (it is then killed), becomes an ``execution`` finding of kind ``crash`` or ``hang``
+with the exit status and the tail of its stderr, and the next case gets a new child. On CUDA the
+child also checks that the context survived each case, and is replaced when it did not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from harness.case import Case
+from harness.engine import Finding, replay_command
+from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
+
+CASE_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine is slow
+STDERR_TAIL_CHARS = 2000
+_ERRORS = {"InvalidArgument": InvalidArgument, "EnvironmentBroken": EnvironmentBroken}
+
+
+@dataclass
+class IsolatedResult:
+    """What `engine.CaseResult` gives the campaign (case, findings, replay), judged in a child."""
+
+    case: Case
+    findings: list[Finding]
+    replay: str
+    seconds: float
+    outcome: str = "judged"  # or "crash", "hang"
+
+
+class _Timeout(Exception):
+    pass
+
+
+class IsolatedRunner:
+    """One child process at a time, reused across cases until one kills it.
+
+    ``with IsolatedRunner(timeout_s=60) as runner: result = runner.run_case(case, "cuda", ...)``
+    """
+
+    def __init__(self, *, timeout_s: float = CASE_TIMEOUT_S, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        if not timeout_s > 0:
+            raise InvalidArgument(f"timeout_s={timeout_s!r}: must be > 0 seconds")
+        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._stderr = None
+        self._buffer = b""
+
+    def run_case(self, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
+                 target_spec: str = "reference", mutant: str | None = None,
+                 oracles: frozenset | None = None, timeout_s: float | None = None) -> IsolatedResult:
+        """`engine.run_case` in the child; the target is rebuilt there from `target_spec` and `mutant`.
+        `timeout_s` overrides the runner's per-case timeout for this case."""
+        case.validate()
+        request = {"case": case.to_json(), "device": device_name, "schedule": schedule, "target_spec": target_spec,
+                   "mutant": mutant, "oracles": sorted(oracles) if oracles is not None else None}
+        replay = replay_command(case, target=target_spec, device=device_name, schedule=schedule, mutant=mutant,
+                                oracles=oracles)
+        self._ensure_child()
+        proc, mark = self._proc, self._stderr.seek(0, os.SEEK_END)
+        started, timeout_s = time.perf_counter(), timeout_s or self.timeout_s
+        try:
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.flush()
+            line = self._read_line(timeout_s)
+        except _Timeout:
+            self._kill()
+            message = f"the case did not finish within {timeout_s:g}s; its process was killed"
+            return self._failed(case, replay, started, "hang", message, mark, {"timeout_s": timeout_s})
+        except (BrokenPipeError, EOFError):
+            line = None
+        if line is None:  # the child died with the case
+            returncode = self._reap()
+            return self._failed(case, replay, started, "crash", f"the case's process {_exit_status(returncode)}",
+                                mark, {"returncode": returncode})
+        answer = json.loads(line)
+        if "error" in answer:  # the harness refused the request: bad input or a broken environment
+            raise _ERRORS.get(answer["error"]["type"], HarnessError)(answer["error"]["message"])
+        findings = [Finding(**f) for f in answer["findings"]]
+        if answer.get("context_error"):  # the child exits after answering
+            self._reap()
+            findings.append(_crash_finding("crash", f"the case left the CUDA context unusable: {answer['context_error']}",
+                                           {"context_error": answer["context_error"]}))
+        return IsolatedResult(case, findings, answer["replay"], time.perf_counter() - started,
+                              "crash" if answer.get("context_error") else "judged")
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.stdin.close()  # the child's loop ends at end of input
+            self._reap()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the child ----------------------------------------------------------------------------------
+
+    def _ensure_child(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self._stderr is None:
+            # Appending: the child never writes over what this process reads. Closed in close().
+            self._stderr = tempfile.TemporaryFile("a+b")  # noqa: SIM115
+        env = dict(os.environ)
+        # The child imports what this process can (a `module:factory` target from a test folder).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._proc = subprocess.Popen([sys.executable, "-m", "harness.isolation"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, env=env, start_new_session=True)
+        self._buffer = b""
+        mark = self._stderr.seek(0, os.SEEK_END)
+        try:
+            line = self._read_line(self.startup_timeout_s)
+        except _Timeout:
+            line = None
+        if line is None or not json.loads(line).get("ready"):
+            self._kill()
+            raise EnvironmentBroken(f"the isolated case runner did not start: {self._tail(mark) or 'no output'}")
+
+    def _read_line(self, timeout: float) -> bytes | None:
+        """One line from the child; None when it closed its output (died); _Timeout after `timeout`."""
+        deadline = time.monotonic() + timeout
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Timeout
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _reap(self) -> int:
+        """The exit status of a child that is ending on its own (killed if it does not within 10 s)."""
+        try:
+            returncode = self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            returncode = self._kill()
+        self._proc = None
+        return returncode
+
+    def _kill(self) -> int:
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)  # the child leads its own session: its helpers die too
+        except ProcessLookupError:
+            pass
+        returncode = self._proc.wait()
+        self._proc = None
+        return returncode
+
+    def _tail(self, mark: int) -> str:
+        self._stderr.seek(max(mark, self._stderr.seek(0, os.SEEK_END) - STDERR_TAIL_CHARS))
+        return self._stderr.read().decode(errors="replace").strip()
+
+    def _failed(self, case, replay, started, kind, message, mark, details) -> IsolatedResult:
+        tail = self._tail(mark)
+        finding = _crash_finding(kind, f"{message}; stderr tail:\n{tail}" if tail else f"{message}; no stderr output",
+                                 {**details, "stderr_tail": tail})
+        return IsolatedResult(case, [finding], replay, time.perf_counter() - started, kind)
+
+
+def _crash_finding(kind: str, message: str, details: dict) -> Finding:
+    return Finding("execution", kind, message, details=details)
+
+
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"died of {name} (signal {-returncode})"
+    return f"exited with status {returncode}" + (" without answering" if returncode == 0 else "")
+
+
+def run_isolated(case: Case, device_name: str = "cpu", *, timeout_s: float = CASE_TIMEOUT_S,
+                 **kwargs) -> IsolatedResult:
+    """One case in a child of its own; `kwargs` as `IsolatedRunner.run_case`."""
+    with IsolatedRunner(timeout_s=timeout_s) as runner:
+        return runner.run_case(case, device_name, **kwargs)
+
+
+def _serve(request: dict) -> dict:
+    from harness.engine import run_case
+    from harness.target import load_target
+
+    try:
+        target = load_target(request["target_spec"], mutant=request["mutant"])
+        oracles = frozenset(request["oracles"]) if request["oracles"] is not None else None
+        result = run_case(target, Case.from_json(request["case"]), request["device"], schedule=request["schedule"],
+                          target_spec=request["target_spec"], mutant=request["mutant"], oracles=oracles)
+    except HarnessError as exc:
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay}
+    if request["device"] == "cuda":
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as exc:  # a sticky CUDA error: every later case in this process would fail
+            answer["context_error"] = str(exc).strip().splitlines()[0]
+    return answer
+
+
+def _exit_with_parent() -> None:
+    """The child leads its own session, so a parent killed hard does not take it along: it follows."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def main() -> None:
+    """The child: one JSON request per stdin line, one JSON answer per line on the original stdout."""
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever the target prints goes to stderr, never into the answers
+    faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
+    answers.write(json.dumps({"ready": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        answer = _serve(json.loads(line))
+        answers.write(json.dumps(answer, default=repr) + "\n")
+        if answer.get("context_error"):
+            return
+
+
+if __name__ == "__main__":
+    main()

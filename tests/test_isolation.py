@@ -1,0 +1,120 @@
+"""Isolated cases: a judged case round-trips its findings; a crash or a hang is a finding, not the end.
+
+The crashing and hanging targets are `module:factory` targets defined here, loaded by the child.
+Every child imports torch, so the tests share one runner and keep the number of children small.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import asdict
+
+import pytest
+
+from harness.case import Batch, Case, Mutation, Request
+from harness.engine import replay_command, run_case
+from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.isolation import IsolatedRunner, _exit_status
+from harness.mutants import mutant_target
+from harness.target import ReferenceTarget
+
+PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
+
+
+class _Target:
+    """A target whose session cannot even open: `action` kills or stalls the process first."""
+
+    def __init__(self, name, action):
+        self.name, self.action = name, action
+
+    def open(self, case, device):
+        self.action()
+        return ReferenceTarget().open(case, device)
+
+
+def segfaulting_target():
+    return _Target("segfault", lambda: os.kill(os.getpid(), signal.SIGSEGV))
+
+
+def hanging_target():
+    return _Target("hang", lambda: time.sleep(3600))
+
+
+def device_assert_target():
+    """On CUDA: an out-of-range index trips a device-side assert, which leaves the context unusable."""
+    import torch
+
+    def fault():
+        table = torch.zeros(4, device="cuda")
+        table[torch.tensor([1 << 20], device="cuda")] = 1.0
+        torch.cuda.synchronize()
+
+    return _Target("device-assert", fault)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with IsolatedRunner(timeout_s=120) as shared:
+        yield shared
+
+
+def test_a_judged_case_round_trips_the_in_process_findings(runner):
+    found = runner.run_case(PLAIN, "cpu", mutant="scheduler_no_wait")
+    here = run_case(mutant_target("scheduler_no_wait"), PLAIN, "cpu", mutant="scheduler_no_wait")
+    assert found.outcome == "judged" and found.findings
+    assert [asdict(f) for f in found.findings] == [asdict(f) for f in here.findings]
+    assert found.replay == here.replay
+    clean = runner.run_case(PLAIN, "cpu", oracles=frozenset({"differential"}))
+    assert (clean.outcome, clean.findings) == ("judged", [])
+
+
+def test_the_childs_refusals_are_the_harness_errors_they_were(runner):
+    with pytest.raises(EnvironmentBroken, match="cannot import 'no_such_module_for_isolation'"):
+        runner.run_case(PLAIN, "cpu", target_spec="no_such_module_for_isolation:factory")
+    with pytest.raises(InvalidArgument, match="--mutant"):
+        runner.run_case(PLAIN, "cpu", target_spec="sglang", mutant="scheduler_no_wait")
+
+
+def test_a_segfault_is_a_crash_finding_with_its_replay_and_the_next_case_still_runs(runner):
+    spec = f"{__name__}:segfaulting_target"
+    crashed = runner.run_case(PLAIN, "cpu", target_spec=spec, schedule="random:7")
+    assert crashed.outcome == "crash" and len(crashed.findings) == 1
+    finding = crashed.findings[0]
+    assert (finding.oracle, finding.kind) == ("execution", "crash")
+    assert "died of SIGSEGV (signal 11)" in finding.message and "Segmentation fault" in finding.message
+    assert crashed.replay == replay_command(PLAIN, target=spec, device="cpu", schedule="random:7")
+    after = runner.run_case(PLAIN, "cpu")
+    assert (after.outcome, after.findings) == ("judged", [])
+
+
+def test_a_hang_is_killed_and_becomes_a_hang_finding(runner):
+    started = time.perf_counter()
+    hung = runner.run_case(PLAIN, "cpu", target_spec=f"{__name__}:hanging_target", timeout_s=1.0)
+    assert time.perf_counter() - started < 30
+    assert hung.outcome == "hang" and [(f.oracle, f.kind) for f in hung.findings] == [("execution", "hang")]
+    assert "did not finish within 1s; its process was killed" in hung.findings[0].message
+    assert "--target" in hung.replay and "hanging_target" in hung.replay
+
+
+def test_exit_statuses_name_the_signal_or_the_code():
+    assert _exit_status(-signal.SIGSEGV) == "died of SIGSEGV (signal 11)"
+    assert _exit_status(139) == "exited with status 139"
+    assert _exit_status(0) == "exited with status 0 without answering"
+
+
+def test_a_bad_timeout_is_refused():
+    with pytest.raises(InvalidArgument, match="timeout_s"):
+        IsolatedRunner(timeout_s=0)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_context_killing_case_is_a_crash_and_the_next_case_runs_clean(runner):
+    crashed = runner.run_case(PLAIN, "cuda", target_spec=f"{__name__}:device_assert_target")
+    assert crashed.outcome == "crash"
+    assert any(f.kind == "crash" and "device-side assert" in f.message for f in crashed.findings)
+    clean = runner.run_case(PLAIN, "cuda")
+    assert (clean.outcome, clean.findings) == ("judged", [])
+    caught = runner.run_case(PLAIN, "cuda", mutant="scheduler_no_wait")
+    assert caught.outcome == "judged" and caught.findings
