@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import warnings
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -63,13 +65,21 @@ class CudaDevice(Device):
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with super().capture(name) as captured, torch.cuda.stream(side):
-            captured.native = graph
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                yield captured
-            finally:
-                graph.capture_end()
+        collecting = gc.isenabled()
+        gc.disable()  # a collected graph of an earlier case would free its pool mid-capture and void it
+        try:
+            with super().capture(name) as captured, torch.cuda.stream(side):
+                captured.native = graph
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    yield captured
+                finally:
+                    with warnings.catch_warnings():  # a layer with nothing to store captures an empty graph
+                        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+                        graph.capture_end()
+        finally:
+            if collecting:
+                gc.enable()
         torch.cuda.current_stream().wait_stream(side)
 
     def _captured(self, fn: Callable[[], None]) -> Optional[Callable[[], None]]:
