@@ -1,13 +1,15 @@
 """The happens-before tracker's cost: the same cases with the tracker and with a no-op in its place,
-measured in one run, as a ratio. (PyTorch CSAN's ratio on the same workload needs a GPU: see
-BENCHMARKS.md.)
+measured in one run, as a ratio; on CUDA also PyTorch's CSAN (with our tracker off) on the same cases.
 
-    python benchmarks/tracker_overhead.py [--cases N] [--out FILE]
+CSAN is measured last: importing it switches on torch's GPU trace hooks for the rest of the process.
+
+    python benchmarks/tracker_overhead.py [--device cpu|cuda] [--cases N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -27,27 +29,38 @@ class Untracked:
         return lambda *args, **kwargs: []
 
 
-def timed(cases, tracker_cls) -> float:
+def timed(cases, tracker_cls, device: str, observe=contextlib.nullcontext) -> float:
     base.HappensBefore = tracker_cls
     start = time.perf_counter()
     for case in cases:
-        execute(ReferenceTarget(), case, "cpu")
+        with observe():
+            execute(ReferenceTarget(), case, device)
     return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--out", default="benchmarks/tracker_overhead.json")
     args = parser.parse_args()
     mut = (Mutation("swa_clear", count=4), Mutation("req_to_token_rewrite", count=2))
     cases = [Case(data_seed=i, batches=(Batch(requests=(Request(20, 9), Request(3, 6)), graph=bool(i % 2),
                                               mutations=mut),)) for i in range(args.cases)]
-    timed(cases[:5], HappensBefore)  # warm-up
-    untracked = min(timed(cases, Untracked) for _ in range(3))  # best of three each
-    tracked = min(timed(cases, HappensBefore) for _ in range(3))
-    row = {"cases": args.cases, "untracked_s": untracked, "tracked_s": tracked, "ratio": tracked / untracked}
-    print(f"{args.cases} runs: untracked {untracked:.2f}s, tracked {tracked:.2f}s, ratio {row['ratio']:.2f}x")
+    timed(cases[:5], HappensBefore, args.device)  # warm-up
+    untracked = min(timed(cases, Untracked, args.device) for _ in range(3))  # best of three each
+    tracked = min(timed(cases, HappensBefore, args.device) for _ in range(3))
+    row = {"device": args.device, "cases": args.cases, "untracked_s": untracked, "tracked_s": tracked,
+           "ratio": tracked / untracked}
+    line = f"{args.cases} runs on {args.device}: untracked {untracked:.2f}s, ours {tracked:.2f}s ({row['ratio']:.2f}x)"
+    if args.device == "cuda":
+        from harness.csan import CsanObserver
+
+        observer = CsanObserver()
+        csan = min(timed(cases, Untracked, args.device, observer.observing) for _ in range(3))
+        row.update(csan_s=csan, csan_ratio=csan / untracked)
+        line += f", CSAN {csan:.2f}s ({row['csan_ratio']:.2f}x)"
+    print(line)
     with open(args.out, "w") as f:
         json.dump(row, f, indent=2)
 
