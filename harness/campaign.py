@@ -77,8 +77,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  database_dir: Optional[Path] = None, mutant: Optional[str] = None,
                  on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
                  oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
-                 seeds: bool = True) -> CampaignResult:
-    """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw."""
+                 seeds: bool = True, from_db: bool = False) -> CampaignResult:
+    """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
+    `from_db`: replay only the failures stored in the example database (a nightly's, kept in its folder)."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
@@ -93,6 +94,11 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     base["max_examples"] -= len(chosen_seeds)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     db = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir and not base["derandomize"] else None
+    if from_db:  # the seeds are deterministic, so replaying them with the database replays every failure
+        if db is None:
+            raise InvalidArgument(f"--from-db: the {profile!r} profile keeps no example database (dev and nightly "
+                                  "do); replay with the profile that wrote it")
+        phases = [Phase.explicit, Phase.reuse] + ([Phase.shrink] if shrink else [])
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile)
     start = time.perf_counter()
 

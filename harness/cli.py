@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError, InvalidArgument
+from harness import nightly
 from harness.sanitizer import cli as sanitize_cli
 from reports import cli as report_cli
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
     run.add_argument("--report-dir", default="harness-report")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    run.add_argument("--from-db", action="store_true",
+                     help="replay the seed cases and the failures stored in REPORT_DIR/examples (a nightly run's database)")
 
     replay = sub.add_parser("replay", help="replay one finding exactly")
     common(replay)
@@ -83,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--only", default=None, help="comma-separated mutant names")
     sanitize_cli.add_parser(sub)
     report_cli.add_parser(sub)
+    nightly.add_parser(sub)
     return parser
 
 
@@ -91,7 +95,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
                     "triage": cmd_triage, "csan": cmd_csan, "sanitize": sanitize_cli.run,
-                    "report": report_cli.run}
+                    "report": report_cli.run, "nightly": nightly.run}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -150,13 +154,14 @@ def cmd_run(args) -> int:
         result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
                               examples=args.examples, seed=args.seed, profile=args.profile,
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=update,
-                              shrink=not args.no_shrink, oracles=parse_oracles(args.oracles))
+                              shrink=not args.no_shrink, oracles=parse_oracles(args.oracles), from_db=args.from_db)
     finally:
         if progress:
             progress.stop()
     summary = result.summary()
     summary["mutant"] = args.mutant
-    write_json_atomically(report_dir / "summary.json", summary)
+    summary_name = "replay-summary.json" if args.from_db else "summary.json"  # a replay keeps the nightly's own
+    write_json_atomically(report_dir / summary_name, summary)
     rate = summary["cases_per_second"]
     print(f"{result.cases} cases on {device} ({semantics}, target {target.name}) in {result.duration_s:.1f}s"
           f" ({rate} cases/s): {len(result.findings)} finding(s)")
@@ -166,7 +171,7 @@ def cmd_run(args) -> int:
         print(f"  minimal case: {result.minimal.case.summary()}")
         print(f"  found after {result.first_detection_examples} example(s), {result.first_detection_seconds:.2f}s")
         print(f"  replay: {result.minimal.replay}")
-    print(f"summary: {report_dir / 'summary.json'}")
+    print(f"summary: {report_dir / summary_name}")
     return EXIT_FOUND if result.findings else EXIT_OK
 
 

@@ -1,0 +1,105 @@
+"""`python -m harness nightly`: the nightly GPU job as one command, into one report folder.
+
+The steps run one after another, each in its own process (a step that kills its CUDA context does
+not take the others down): the pytest suite with one GPU per xdist worker, the fuzz campaign in the
+`nightly` profile (its example database kept in the folder), the mutant kill table, the sanitizer
+run, then the page. `nightly.json` records every step's command, exit code and time. The exit code
+is the worst of the steps: 3 when any step could not run or could not vouch, else 1 when anything
+was found, else 0. A step is skipped only when asked (`--skip`), and the page says so.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.errors import InvalidArgument
+
+STEPS = ("pytest", "campaign", "mutants", "sanitize")
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+
+
+@dataclass
+class Step:
+    name: str
+    command: list[str]
+    exit_code: int | None = None
+    seconds: float = 0.0
+    outcome: str = "skipped"  # clean | found | broken | skipped
+
+
+def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
+         skip: frozenset[str]) -> list[Step]:
+    python = sys.executable
+    folder = str(report_dir)
+    campaign = [python, "-m", "harness", "run", "--device", device, "--profile", "nightly", "--semantics", semantics,
+                "--report-dir", folder] + (["--examples", str(examples)] if examples else [])
+    steps = [
+        Step("pytest", [python, "-m", "pytest", "-n", workers, "--harness-device", device, "--harness-report", folder,
+                        "-q"]),
+        Step("campaign", campaign),
+        Step("mutants", [python, "-m", "harness", "mutants", "--device", device, "--semantics", semantics,
+                         "--report-dir", folder]),
+        Step("sanitize", [python, "-m", "harness", "sanitize", "--tool", "all", "--report-dir", folder]),
+    ]
+    return [s if s.name not in skip else Step(s.name, s.command, outcome="skipped") for s in steps]
+
+
+def parse_skip(text: str | None) -> frozenset[str]:
+    names = frozenset(n.strip() for n in (text or "").split(",") if n.strip())
+    unknown = sorted(names - set(STEPS))
+    if unknown:
+        raise InvalidArgument(f"--skip: unknown step(s) {', '.join(unknown)}; allowed: {', '.join(STEPS)}")
+    return names
+
+
+def run_steps(steps: list[Step], skip: frozenset[str], log=print) -> int:
+    for step in steps:
+        if step.name in skip:
+            log(f"[{step.name}] skipped (--skip)")
+            continue
+        log(f"[{step.name}] {' '.join(step.command)}")
+        began = time.perf_counter()
+        step.exit_code = subprocess.run(step.command).returncode
+        step.seconds = round(time.perf_counter() - began, 1)
+        step.outcome = {EXIT_OK: "clean", EXIT_FOUND: "found"}.get(step.exit_code, "broken")
+        log(f"[{step.name}] {step.outcome} (exit {step.exit_code}, {step.seconds}s)")
+    outcomes = {s.outcome for s in steps}
+    return EXIT_ENV if "broken" in outcomes else EXIT_FOUND if "found" in outcomes else EXIT_OK
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("nightly", help="the nightly GPU job: pytest (one GPU per worker), a nightly campaign, "
+                                            "the mutant table and the sanitizer run, into one report folder")
+    parser.add_argument("--report-dir", default="harness-report")
+    parser.add_argument("--device", default="cuda", help="cuda (default) | cpu (a dry run of the same steps)")
+    parser.add_argument("--examples", type=int, default=None, help="campaign size (default: the nightly profile's)")
+    parser.add_argument("--workers", default="auto", help="pytest-xdist workers (auto: one per GPU)")
+    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)}")
+
+
+def run(args) -> int:
+    from reports.writers import write_json_atomically
+
+    if args.device not in ("cuda", "cpu"):
+        raise InvalidArgument(f"--device={args.device!r} is not one of: cuda, cpu")
+    if args.examples is not None and args.examples < 1:
+        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
+    skip = parse_skip(args.skip)
+    report_dir = Path(args.report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    steps = plan(report_dir, device=args.device, examples=args.examples, workers=args.workers,
+                 semantics=args.semantics, skip=skip)
+    code = run_steps(steps, skip)
+    write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "steps": [asdict(s) for s in steps]})
+    rendered = subprocess.run([sys.executable, "-m", "harness", "report", str(report_dir)]).returncode
+    if rendered not in (EXIT_OK, EXIT_FOUND):
+        print(f"error: the report could not be rendered (exit {rendered})", file=sys.stderr)
+        code = EXIT_ENV
+    print(f"nightly: exit {code}; report: {report_dir / 'index.html'}; replay the campaign's failures with: "
+          f"python -m harness run --device {args.device} --profile nightly --report-dir {report_dir} --from-db")
+    return code
