@@ -1,6 +1,8 @@
-"""Thin: the fixtures live in the `fixtures` plugin (registered by the pytest11 entry point)."""
+"""Thin: the fixtures live in the `fixtures` plugins (registered by the pytest11 entry points)."""
 
 import sys
 
-if "fixtures.plugin" not in sys.modules:  # running from a checkout without `pip install .`
-    pytest_plugins = ["fixtures.plugin"]
+PLUGINS = ("fixtures.plugin", "fixtures.gpu_workers", "fixtures.telemetry", "fixtures.reporting")
+
+# From a checkout without `pip install .` the entry points are absent: load the plugins from here.
+pytest_plugins = [name for name in PLUGINS if name not in sys.modules]
