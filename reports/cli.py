@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.errors import EnvironmentBroken
 from reports import junit
 from reports.folder import load_folder
 from reports.verdict import BROKEN, FOUND, Verdict, judge
@@ -18,8 +19,11 @@ EXIT_CODES = {FOUND: 1, BROKEN: 3}  # CLEAN: 0; the harness's codes for "found" 
 
 def render_folder(path: Path, pytest_junit: Path | None = None) -> tuple[list[Path], Verdict]:
     """Write index.html and the JUnit files of the runs present; returns the files written and the verdict."""
-    # jinja2 and matplotlib load only when a report is rendered, not on every CLI start
-    from reports.html import write_index
+    try:  # jinja2 and matplotlib load only when a report is rendered, not on every CLI start
+        from reports.html import write_index
+    except ImportError as exc:
+        raise EnvironmentBroken(f"rendering the report page needs jinja2 and matplotlib: {exc} "
+                                "(pip install -e . installs them)") from None
 
     folder = load_folder(path, pytest_junit)
     written = []

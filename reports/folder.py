@@ -32,6 +32,7 @@ class PytestCase:
     name: str
     status: str  # passed | failed | error | skipped
     message: str = ""
+    text: str = ""  # the full report (traceback) pytest put in the element
     seconds: float = 0.0
     properties: dict[str, str] = field(default_factory=dict)
 
@@ -243,15 +244,15 @@ def read_pytest_junit(path: Path) -> PytestRun:
                 raise ReportError(f"{path.name}: <testsuite {key}={suite.get(key)!r}> is not an integer") from None
         seconds += float(suite.get("time", "0") or 0)
         for case in suite.iter("testcase"):
-            status, message = "passed", ""
+            status, message, text = "passed", "", ""
             for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
                 node = case.find(tag)
                 if node is not None:
-                    status, message = name, node.get("message") or (node.text or "").strip()
+                    status, message, text = name, node.get("message") or "", (node.text or "").strip()
                     break
             props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
             name = ".".join(filter(None, (case.get("classname"), case.get("name"))))
-            cases.append(PytestCase(name, status, message, float(case.get("time", "0") or 0), props))
+            cases.append(PytestCase(name, status, message, text, float(case.get("time", "0") or 0), props))
     return PytestRun(seconds=seconds, cases=cases, **totals)
 
 

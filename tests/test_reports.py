@@ -253,6 +253,14 @@ def test_report_command_renders_page_and_junit_and_re_renders(tmp_path, capsys):
     assert render_folder(tmp_path)[0] and (tmp_path / "index.html").read_text() == page  # deterministic
 
 
+def test_missing_renderer_is_a_broken_environment(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "reports.html", None)  # its import raises ImportError, as without matplotlib
+    assert main(["report", str(write_folder(tmp_path, mutants_json=[mutant_row("a")]))]) == 3
+    assert "needs jinja2 and matplotlib" in capsys.readouterr().err
+
+
 def test_page_is_self_contained_and_holds_every_section(tmp_path):
     page = render_html(load_folder(full_folder(tmp_path)))
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
