@@ -348,3 +348,14 @@ def test_sanitize_command_bad_input_and_missing_binary(bare_machine, tmp_path):
     assert main(["sanitize", "--timeout", "0"]) == 2
     assert main(["sanitize", "--tool", "racecheck", "planted-race", "--report-dir", str(tmp_path / "r")]) == 3
     assert "not found" in json.loads((tmp_path / "r" / "sanitizer.json").read_text())["error"]
+
+
+def test_the_report_recorded_on_the_gpu_has_the_shape_this_code_writes():
+    """`sanitize --tool all --jobs 8` on an H200: every planted bug found by its tool, no error in a
+    clean case. If the row format changes, this recorded report is stale: record it again."""
+    report = json.loads((DATA / "sanitizer-h200.json").read_text())
+    row = judge("racecheck", CASES["planted-race"], recorded("racecheck-planted-race"), timeout=60).as_dict()
+    assert all(set(r) == set(row) for r in report["results"])
+    assert report["ok"] and report["binary"]["source"] == "PATH" and len(report["results"]) == 40
+    for tool, figures in report["figures"].items():
+        assert (figures["planted_found"], figures["errors_in_clean_cases"], figures["failed"]) == (1, 0, 0), tool

@@ -18,14 +18,13 @@ from pathlib import Path
 from harness.errors import EnvironmentBroken
 
 NAME = "compute-sanitizer"
-SOURCES = ("PATH", "CUDA_HOME", "pip")
 _VERSION = re.compile(r"Version\s+(\S+)")
 
 
 @dataclass(frozen=True)
 class SanitizerBinary:
     path: str
-    source: str  # one of SOURCES
+    source: str  # PATH | CUDA_HOME | pip
     version: str
 
     def as_dict(self) -> dict:
