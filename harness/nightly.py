@@ -43,7 +43,7 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
         Step("campaign", campaign),
         Step("mutants", [python, "-m", "harness", "mutants", "--device", device, "--semantics", semantics,
                          "--report-dir", folder]),
-        Step("sanitize", [python, "-m", "harness", "sanitize", "--tool", "all", "--report-dir", folder]),
+        Step("sanitize", [python, "-m", "harness", "sanitize", "--tool", "all", "--jobs", "4", "--report-dir", folder]),
     ]
     return [s if s.name not in skip else Step(s.name, s.command, outcome="skipped") for s in steps]
 
