@@ -187,12 +187,18 @@ def check_triage(check: _Check, data) -> dict:
 
 
 def check_sanitizer(check: _Check, data) -> dict:
-    """The compute-sanitizer run: the binary used, then one result per tool and case."""
+    """The compute-sanitizer run (harness/sanitizer/cli.py): the binary used, one result per tool and case,
+    per-tool figures; or, when no binary was found, `binary: null` and the `error`."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
-    binary = check.need(data, "binary", "object")
-    for key in ("path", "source", "version"):
+    binary = check.need(data, "binary", "object", nullable=True)
+    for key in ("path", "source", "version") if binary is not None else ():
         check.need(binary, key, "str", "binary.", nullable=True)
+    check.need(data, "error", "str", optional=True)
+    figures = check.need(data, "figures", "object", optional=True) or {}
+    for tool, row in figures.items():
+        if not isinstance(row, dict):
+            check.fail(f"field 'figures.{tool}' must be an object, got {json.dumps(row)[:60]}")
     for prefix, result in check.items(data, "results"):
         check.need(result, "tool", "str", prefix)
         check.need(result, "case", "str", prefix)
@@ -204,6 +210,9 @@ def check_sanitizer(check: _Check, data) -> dict:
         for key in ("seconds", "plain_seconds", "slowdown"):
             check.need(result, key, "number", prefix, optional=True)
         list(check.items(result, "kernels_seen", prefix, optional=True, kind="str"))
+        for kind, name in (check.need(result, "raw", "object", prefix, optional=True) or {}).items():
+            if not isinstance(name, str):
+                check.fail(f"field '{prefix}raw.{kind}' must be str, got {json.dumps(name)[:60]}")
         for fprefix, finding in check.items(result, "findings", prefix, optional=True):
             for key in ("kind", "kernel", "message", "severity"):
                 check.need(finding, key, "str", fprefix, optional=True)

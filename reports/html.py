@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from harness.sanitizer.cli import RAW_DIR
 from reports import plots
 from reports.folder import ReportFolder
 from reports.junit import flatten
@@ -99,7 +100,8 @@ def render_html(folder: ReportFolder) -> str:
         mutants=folder.mutants,
         mutants_plot=plots.detection_times(folder.mutants) if folder.mutants else None,
         sanitizer=sanitizer and {
-            "binary": sanitizer["binary"],
+            "binary": sanitizer["binary"], "error": sanitizer.get("error"), "raw_dir": RAW_DIR, "figures": sanitizer.get("figures") or {},
+            "figure_columns": list(dict.fromkeys(k for row in (sanitizer.get("figures") or {}).values() for k in row)),
             "tools": {tool: [{**r, "outcome": sanitizer_outcome(r)} for r in sanitizer["results"] if r["tool"] == tool]
                       for tool in dict.fromkeys(r["tool"] for r in sanitizer["results"])},
             "plot": plots.sanitizer_slowdown(sanitizer["results"])},

@@ -124,8 +124,10 @@ def mutants_suite(rows: list[dict]) -> ET.Element:
 
 def sanitizer_suite(doc: dict) -> ET.Element:
     """A testcase per tool and case: a tool that failed is an error, a wrong outcome a failure."""
-    binary = doc["binary"]
+    binary = doc["binary"] or {}
     suite = _suite("sanitizer", [(f"binary.{k}", binary.get(k)) for k in ("path", "source", "version")])
+    if doc.get("error") or not doc["results"]:
+        _fail(_case(suite, "sanitizer", "compute-sanitizer"), "error", doc.get("error") or "the run has no results")
     for result in doc["results"]:
         case = _case(suite, f"sanitizer.{result['tool']}", result["case"], result.get("seconds") or 0.0, [
             (k, result.get(k)) for k in ("status", "expected", "exit_code", "errors", "warnings", "slowdown", "replay")]

@@ -140,6 +140,11 @@ def test_clean_campaign_junit_passes_and_an_empty_one_errors():
     assert empty.get("errors") == "1" and "no cases" in empty.find("testcase/error").get("message")
 
 
+def test_sanitizer_junit_without_a_binary_is_an_error():
+    suite = _parse(junit.sanitizer_suite({"binary": None, "error": "compute-sanitizer was not found", "results": []}))
+    assert suite.get("errors") == "1" and "not found" in suite.find("testcase/error").get("message")
+
+
 def test_mutant_and_sanitizer_junit():
     mutants = _parse(junit.mutants_suite([mutant_row("a"), mutant_row("b", killed=False)]))
     assert mutants.get("tests") == "2" and mutants.get("failures") == "1"
@@ -153,6 +158,31 @@ def test_mutant_and_sanitizer_junit():
     assert san.find("testcase[@name='planted_race']/failure") is None
     assert "not found" in san.find("testcase[@name='planted_uninit']/failure").get("message")
     assert {p.get("name") for p in san.find("properties")} == {"binary.path", "binary.source", "binary.version"}
+
+
+def test_the_sanitizer_commands_own_json_loads_and_agrees_with_its_ok(tmp_path):
+    """The contract with harness/sanitizer: its result objects as it writes them."""
+    from harness.sanitizer.binary import SanitizerBinary
+    from harness.sanitizer.cli import figures
+    from harness.sanitizer.parse import Finding
+    from harness.sanitizer.runner import ToolResult
+
+    race = Finding("race", "planted_race", "planted.py:9", "(1,0,0)", "(0,0,0)", "0x10", "RAW shared 4", "error", "hazard")
+    results = [ToolResult("racecheck", "planted_race", "found", None, 1, 1, 0, 3.0, [race], "race", "r1",
+                          ["planted_race"], plain_seconds=0.5, raw={"xml": "racecheck-planted_race.xml"}),
+               ToolResult("memcheck", "attention_t5", "clean", None, 0, 0, 0, 2.0, [], "clean", "r2", ["k"]),
+               ToolResult("initcheck", "planted_uninit", "clean", None, 0, 0, 0, 2.0, [], "uninitialized-read", "r3")]
+    doc = {"binary": SanitizerBinary("/usr/local/cuda/bin/compute-sanitizer", "CUDA_HOME", "2025.2").as_dict(),
+           "tools": ["racecheck"], "cases": [], "jobs": 1, "ok": False, "figures": figures(results),
+           "results": [r.as_dict() for r in results]}
+    folder = load_folder(write_folder(tmp_path, sanitizer_json=doc))
+    verdict = judge(folder)
+    missed = "sanitizer: initcheck on planted_uninit: the planted uninitialized-read was not found"
+    assert verdict.status == BROKEN and verdict.broken == [missed]
+    page = render_html(folder)
+    assert 'href="sanitizer/racecheck-planted_race.xml"' in page and "errors in clean cases" in page
+    suite = _parse(junit.sanitizer_suite(doc))
+    assert [c.get("name") for c in suite.findall("testcase") if len(c.findall("failure"))] == ["planted_uninit"]
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -170,6 +200,8 @@ def test_mutant_and_sanitizer_junit():
     ({"sanitizer_json": sanitizer([san_result("racecheck", "p", "clean", "race")])}, BROKEN, "planted race was not found"),
     ({"triage_json": {"target": "t", "device": "cpu", "semantics": "pr", "contract_breaks": [],
                       "campaign": summary()}}, CLEAN, "triage"),
+    ({"sanitizer_json": {"binary": None, "error": "compute-sanitizer was not found", "ok": False, "results": []}},
+     BROKEN, "sanitizer: compute-sanitizer was not found"),
     ({}, BROKEN, "holds none of the report files"),
 ])
 def test_verdict(tmp_path, files, status, needle):
