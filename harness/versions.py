@@ -1,0 +1,292 @@
+"""Multi-version triage: the first sglang version where a contract or a case starts failing.
+
+Each version's wheel is fetched from PyPI without its dependencies; a version whose wheel lacks the DSV4
+backend module is "not applicable" and never installed. The others are installed in turn into one
+environment per requirement set (the CPU requirements of the sglang target and the harness are the same
+for every version, so only the sglang wheel is swapped), and `python -m harness triage --target sglang`
+runs inside it. Its triage.json and exit code give the version's verdict.
+
+Verdicts, in version order (packaging.version): pass; fail (a contract or static break, or a finding);
+crash (the inner triage died without a report); unsupported (the target cannot drive this version: exit 3
+with the reason) which counts as failing only after a version passed (the interface went away), and is
+not applicable before one; not applicable (no DSV4 backend module), failing only when asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from packaging.version import InvalidVersion, Version
+
+from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.sglang_target._api import BACKEND
+
+BACKEND_FILE = BACKEND.replace(".", "/") + ".py"
+PASS, FAIL, CRASH, UNSUPPORTED, NOT_APPLICABLE, NOT_RUN = (
+    "pass", "fail", "crash", "unsupported", "not applicable", "not run")
+
+
+@dataclass
+class VersionResult:
+    version: str
+    status: str
+    detail: str
+    report: dict | None = None
+
+
+@dataclass
+class VersionsOutcome:
+    results: list[VersionResult]
+    first_failing: str | None
+    last_passing: str | None
+
+    def to_json(self) -> dict:
+        return {"first_failing": self.first_failing, "last_passing": self.last_passing,
+                "versions": [asdict(r) for r in self.results]}
+
+
+class Installer(Protocol):
+    def wheel(self, version: str) -> Path: ...
+
+    def python_for(self, version: str, wheel: Path) -> Path: ...
+
+
+Triage = Callable[[Path, str, Path], tuple[int, str]]  # (python, version, report dir) -> (exit code, output)
+
+
+def parse_versions(text: str) -> list[str]:
+    """`0.5.23,0.5.21` -> versions in packaging order; a bad entry names the field."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise InvalidArgument("--versions: give comma-separated sglang versions, e.g. 0.5.21,0.5.22,0.5.23")
+    try:
+        parsed = sorted({Version(v): v for v in items}.items())
+    except InvalidVersion as exc:
+        raise InvalidArgument(f"--versions: {exc} (expected versions such as 0.5.22 or 0.5.15.post1)") from None
+    return [v for _, v in parsed]
+
+
+def ships_backend(wheel: Path) -> bool:
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            return BACKEND_FILE in z.namelist()
+    except zipfile.BadZipFile:
+        raise EnvironmentBroken(f"{wheel} is not a wheel (a partial download?): delete it and run again") from None
+
+
+def _verdict(version: str, code: int, output: str, report_dir: Path) -> VersionResult:
+    path = report_dir / "triage.json"
+    report = json.loads(path.read_text()) if path.is_file() else None
+    tail = "\n".join(output.strip().splitlines()[-5:])
+    if code == 3:
+        reason = next((line[len("error: "):] for line in output.splitlines()[::-1] if line.startswith("error: ")),
+                      tail)
+        return VersionResult(version, UNSUPPORTED, reason)
+    if code == 2:
+        raise EnvironmentBroken(f"sglang {version}: the inner `python -m harness triage` rejected its arguments "
+                                f"(the harness installed there is not this one?):\n{tail}")
+    if report is None:
+        if code == 0:
+            raise EnvironmentBroken(f"sglang {version}: the inner triage exited 0 but wrote no {path}")
+        return VersionResult(version, CRASH, f"triage exited {code} without a report:\n{tail}")
+    campaign = report.get("campaign", {})
+    breaks = report.get("contract_breaks", []) + report.get("static_breaks", [])
+    findings = campaign.get("findings", [])
+    summary = (f"{report.get('semantics')} semantics: {len(report.get('contract_breaks', []))} contract break(s), "
+               f"{len(report.get('static_breaks', []))} static break(s), {len(findings)} finding(s) "
+               f"in {campaign.get('cases', 0)} cases")
+    if code == 0:
+        return VersionResult(version, PASS, summary, report)
+    if breaks:
+        b = breaks[0]
+        summary += f"; first: {b['cls']}.{b['attribute']} read at {b['file']}:{b['line']}"
+    elif findings:
+        summary += f"; first: [{findings[0].get('oracle')}/{findings[0].get('kind')}] {findings[0].get('message')}"
+    return VersionResult(version, FAIL, summary, report)
+
+
+class VersionTriage:
+    """Runs the inner triage for each version, through an installer (PyPI, or a fake in tests)."""
+
+    def __init__(self, installer: Installer, triage: Triage, report_dir: Path, *, missing_fails: bool = False):
+        self.installer, self.triage, self.report_dir = installer, triage, report_dir
+        self.missing_fails = missing_fails
+
+    def evaluate(self, version: str) -> VersionResult:
+        wheel = self.installer.wheel(version)
+        if not ships_backend(wheel):
+            return VersionResult(version, NOT_APPLICABLE, f"not applicable: {BACKEND} missing")
+        python = self.installer.python_for(version, wheel)
+        out = self.report_dir / version
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "triage.json").unlink(missing_ok=True)
+        code, output = self.triage(python, version, out)
+        return _verdict(version, code, output, out)
+
+    def failing(self, result: VersionResult, passed_before: bool) -> bool:
+        return (result.status in (FAIL, CRASH) or (result.status == UNSUPPORTED and passed_before)
+                or (result.status == NOT_APPLICABLE and self.missing_fails))
+
+    def run(self, versions: list[str], *, bisect: bool = False, on_result=lambda r: None) -> VersionsOutcome:
+        """Every version in order, or (bisect) as few as a binary search needs, assuming that once a version
+        fails every later one does."""
+        results = {v: VersionResult(v, NOT_RUN, "not run (bisection)") for v in versions}
+
+        def evaluate(v: str, passed_before: bool) -> bool:
+            results[v] = r = self.evaluate(v)
+            on_result(r)
+            return self.failing(r, passed_before)
+
+        first = None
+        if not bisect:
+            passed = False
+            for v in versions:
+                if evaluate(v, passed) and first is None:
+                    first = v
+                passed = passed or results[v].status == PASS
+        else:
+            first = self._bisect(versions, evaluate, results)
+        order = versions.index(first) if first else len(versions)
+        last = next((v for v in versions[:order][::-1] if results[v].status == PASS), None)
+        return VersionsOutcome([results[v] for v in versions], first, last)
+
+    def _bisect(self, versions, evaluate, results) -> str | None:
+        lo = 0  # the oldest version that can run: the bisection's good end
+        while lo < len(versions):
+            if evaluate(versions[lo], False):
+                return versions[lo]
+            if results[versions[lo]].status == PASS:
+                break
+            lo += 1
+        hi = len(versions) - 1
+        if lo >= hi or not evaluate(versions[hi], True):
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if evaluate(versions[mid], True):
+                hi = mid
+            else:
+                lo = mid
+        return versions[hi]
+
+
+# -- the real installer: pip into cached environments --------------------------------------------------------
+
+Command = Callable[[list[str]], tuple[int, str]]
+
+
+def _run(cmd: list[str]) -> tuple[int, str]:
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def project_root() -> Path:
+    """The harness's source tree, installed (editable) into each environment."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file():
+        raise EnvironmentBroken(f"multi-version triage installs the harness from its source tree, but {root} has "
+                                "no pyproject.toml: run it from a checkout of the harness")
+    return root
+
+
+class PipInstaller:
+    """Wheels in `cache/wheels`; one venv per requirement set in `cache/env-<hash>`, made once and kept
+    (a marker records a complete install); each version's sglang wheel is installed over the last one."""
+
+    def __init__(self, cache_dir: Path, requirements: Path, root: Path, *, run: Command = _run,
+                 python: str = sys.executable):
+        self.cache, self.requirements, self.root, self.run_cmd, self.python = cache_dir, requirements, root, run, python
+        if not requirements.is_file():
+            raise EnvironmentBroken(f"requirements file {requirements} is missing")
+
+    def _run(self, what: str, cmd: list[str]) -> str:
+        code, output = self.run_cmd([str(c) for c in cmd])
+        if code != 0:
+            tail = "\n".join(output.strip().splitlines()[-8:])
+            raise EnvironmentBroken(f"{what} failed (exit {code}): {' '.join(map(str, cmd))}\n{tail}")
+        return output
+
+    def wheel(self, version: str) -> Path:
+        folder = self.cache / "wheels"
+        found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+        if not found:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._run(f"downloading sglang {version} from PyPI",
+                      [self.python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                       f"sglang=={version}", "-d", folder])
+            found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+        if not found:
+            raise EnvironmentBroken(f"pip downloaded no wheel for sglang=={version} into {folder}")
+        return found[0]
+
+    def environment(self) -> Path:
+        digest = hashlib.sha256(self.requirements.read_bytes() + sys.version.encode()).hexdigest()[:12]
+        env = self.cache / f"env-{digest}"
+        python = env / "bin" / "python"
+        if (env / ".complete").is_file():
+            return python
+        self._run("creating the environment", [self.python, "-m", "venv", "--clear", env])
+        self._run("installing the CPU requirements", [python, "-m", "pip", "install", "-q", "-r", self.requirements])
+        self._run("installing the harness", [python, "-m", "pip", "install", "-q", "--no-deps", "-e", self.root])
+        (env / ".complete").write_text(self.requirements.read_text())
+        return python
+
+    def python_for(self, version: str, wheel: Path) -> Path:
+        python = self.environment()
+        probe = [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"]
+        code, installed = self.run_cmd([str(c) for c in probe])
+        if code != 0 or installed.strip() != version:
+            self._run(f"installing sglang {version}",
+                      [python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel])
+            installed = self._run(f"checking sglang {version}", probe)
+        if installed.strip() != version:
+            raise EnvironmentBroken(f"sglang {version} was installed but the environment reports {installed.strip()!r}")
+        return python
+
+
+def inner_triage(*, examples: int, device: str, root: Path) -> Triage:
+    """`python -m harness triage --target sglang` in the version's environment, from the source tree."""
+
+    def run(python: Path, version: str, out: Path) -> tuple[int, str]:
+        cmd = [str(python), "-m", "harness", "triage", "--target", "sglang", "--semantics", "auto",
+               "--device", device, "--examples", str(examples), "--report-dir", str(out)]
+        proc = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "TRITON_INTERPRET": "1"})
+        (out / "triage.log").write_text(proc.stdout + proc.stderr)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    return run
+
+
+def triage_versions(args) -> int:
+    """`python -m harness triage --versions ...`: print each version's verdict and the first failing one."""
+    from harness.cli import EXIT_FOUND, EXIT_OK
+    from reports.writers import write_json_atomically
+
+    versions = parse_versions(args.versions)
+    report_dir = Path(args.report_dir)
+    root = project_root()
+    cache = Path(args.cache_dir) if args.cache_dir else report_dir / "envs"
+    installer = PipInstaller(cache, root / "harness" / "sglang_target" / "requirements-cpu.txt", root)
+    runner = VersionTriage(installer, inner_triage(examples=args.examples, device=args.device, root=root),
+                           report_dir / "versions", missing_fails=args.missing_backend_fails)
+    outcome = runner.run(versions, bisect=args.bisect,
+                         on_result=lambda r: print(f"sglang {r.version}: {r.status}: {r.detail}", flush=True))
+    write_json_atomically(report_dir / "versions.json", outcome.to_json())
+    if outcome.first_failing:
+        detail = next(r.detail for r in outcome.results if r.version == outcome.first_failing)
+        since = f" (last passing: {outcome.last_passing})" if outcome.last_passing else ""
+        print(f"first failing version: {outcome.first_failing}{since}: {detail}")
+    else:
+        print(f"no failing version among {', '.join(versions)}")
+    print(f"report: {report_dir / 'versions.json'}")
+    return EXIT_FOUND if outcome.first_failing else EXIT_OK

@@ -1,0 +1,197 @@
+"""Multi-version triage without the network: a fake installer and a fake inner triage decide each
+version's verdict; the orchestration sorts versions, finds the first failing one, bisects, keeps versions
+without the DSV4 backend out unless asked, and turns a broken install into EnvironmentBroken."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.versions import (
+    BACKEND,
+    BACKEND_FILE,
+    CRASH,
+    FAIL,
+    NOT_APPLICABLE,
+    NOT_RUN,
+    PASS,
+    UNSUPPORTED,
+    PipInstaller,
+    VersionTriage,
+    parse_versions,
+)
+
+CLEAN = {"semantics": "0.5.23", "contract_breaks": [], "static_breaks": [], "campaign": {"cases": 5, "findings": []}}
+BROKEN = {**CLEAN, "static_breaks": [{"cls": "DeepseekV4AttnBackend", "attribute": "token_to_kv_pool",
+                                      "method": "DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot",
+                                      "file": "sglang/srt/layers/attention/deepseek_v4_backend.py", "line": 1394}]}
+
+
+class FakeInstaller:
+    """Wheels made on the spot (with or without the backend module); installs recorded."""
+
+    def __init__(self, folder: Path, without_backend=()):
+        self.folder, self.without_backend, self.installed = folder, set(without_backend), []
+
+    def wheel(self, version: str) -> Path:
+        path = self.folder / f"sglang-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("sglang/__init__.py", "")
+            if version not in self.without_backend:
+                z.writestr(BACKEND_FILE, "class DeepseekV4AttnBackend: ...\n")
+        return path
+
+    def python_for(self, version: str, wheel: Path) -> Path:
+        self.installed.append(version)
+        return Path("/env/bin/python")
+
+
+def fake_triage(verdicts: dict[str, tuple[int, dict | None, str]]):
+    """The inner triage: exit code, the triage.json it writes (or none), its output."""
+    ran = []
+
+    def run(python, version, out):
+        ran.append(version)
+        code, report, output = verdicts[version]
+        if report is not None:
+            (out / "triage.json").write_text(json.dumps(report))
+        return code, output
+
+    run.ran = ran
+    return run
+
+
+def triage(tmp_path, verdicts, *, without_backend=(), missing_fails=False):
+    installer = FakeInstaller(tmp_path, without_backend)
+    inner = fake_triage(verdicts)
+    return VersionTriage(installer, inner, tmp_path / "report", missing_fails=missing_fails), installer, inner
+
+
+def test_versions_sort_by_packaging_not_as_text():
+    assert parse_versions("0.5.23, 0.5.9,0.5.15.post1,0.5.15") == ["0.5.9", "0.5.15", "0.5.15.post1", "0.5.23"]
+
+
+@pytest.mark.parametrize("text", ["", "0.5.x,0.5.23"])
+def test_bad_versions_name_the_option(text):
+    with pytest.raises(InvalidArgument, match="--versions"):
+        parse_versions(text)
+
+
+def test_the_first_failing_version_and_the_last_passing_one(tmp_path):
+    runner, installer, inner = triage(tmp_path, {"0.5.21": (0, CLEAN, ""), "0.5.22": (0, CLEAN, ""),
+                                                 "0.5.23": (1, BROKEN, "")})
+    outcome = runner.run(["0.5.21", "0.5.22", "0.5.23"])
+    assert (outcome.first_failing, outcome.last_passing) == ("0.5.23", "0.5.22")
+    assert [r.status for r in outcome.results] == [PASS, PASS, FAIL]
+    assert "DeepseekV4AttnBackend.token_to_kv_pool read at sglang/srt/layers/attention/deepseek_v4_backend.py:1394" \
+        in outcome.results[2].detail
+    assert installer.installed == inner.ran == ["0.5.21", "0.5.22", "0.5.23"]
+
+
+def test_no_failing_version(tmp_path):
+    runner, _, _ = triage(tmp_path, {"0.5.22": (0, CLEAN, ""), "0.5.23": (0, CLEAN, "")})
+    outcome = runner.run(["0.5.22", "0.5.23"])
+    assert (outcome.first_failing, outcome.last_passing) == (None, "0.5.23")
+
+
+def test_a_version_without_the_backend_is_not_applicable_unless_asked(tmp_path):
+    verdicts = {"0.5.17": None, "0.5.23": (0, CLEAN, "")}
+    runner, installer, _ = triage(tmp_path, verdicts, without_backend={"0.5.17"})
+    outcome = runner.run(["0.5.17", "0.5.23"])
+    assert outcome.first_failing is None
+    assert (outcome.results[0].status, outcome.results[0].detail) == (NOT_APPLICABLE, f"not applicable: {BACKEND} missing")
+    assert installer.installed == ["0.5.23"]  # never installed
+    asked, _, _ = triage(tmp_path, verdicts, without_backend={"0.5.17"}, missing_fails=True)
+    assert asked.run(["0.5.17", "0.5.23"]).first_failing == "0.5.17"
+
+
+def test_a_version_the_target_cannot_drive_fails_only_after_one_passed(tmp_path):
+    lacks = (3, None, "...\nerror: --target sglang: the installed sglang 0.5.18 lacks AttentionBackend.resolve\n")
+    runner, _, _ = triage(tmp_path, {"0.5.18": lacks, "0.5.19": (0, CLEAN, ""), "0.5.20": lacks})
+    outcome = runner.run(["0.5.18", "0.5.19", "0.5.20"])
+    assert [r.status for r in outcome.results] == [UNSUPPORTED, PASS, UNSUPPORTED]
+    assert outcome.results[0].detail == "--target sglang: the installed sglang 0.5.18 lacks AttentionBackend.resolve"
+    assert (outcome.first_failing, outcome.last_passing) == ("0.5.20", "0.5.19")
+
+
+def test_a_crash_without_a_report_fails_and_a_silent_pass_is_refused(tmp_path):
+    runner, _, _ = triage(tmp_path, {"0.5.23": (1, None, "Traceback ...\nAttributeError: token_to_kv_pool")})
+    outcome = runner.run(["0.5.23"])
+    assert outcome.first_failing == "0.5.23" and outcome.results[0].status == CRASH
+    assert "AttributeError: token_to_kv_pool" in outcome.results[0].detail
+    silent, _, _ = triage(tmp_path, {"0.5.23": (0, None, "")})
+    with pytest.raises(EnvironmentBroken, match="exited 0 but wrote no"):
+        silent.run(["0.5.23"])
+
+
+def test_bisection_runs_few_versions_and_finds_the_same_first_failure(tmp_path):
+    versions = [f"0.5.{n}" for n in range(10, 26)]
+    verdicts = {v: (0, CLEAN, "") if i < 11 else (1, BROKEN, "") for i, v in enumerate(versions)}
+    linear, _, _ = triage(tmp_path, verdicts)
+    bisected, _, inner = triage(tmp_path, verdicts)
+    outcome = bisected.run(versions, bisect=True)
+    assert outcome.first_failing == linear.run(versions).first_failing == "0.5.21"
+    assert outcome.last_passing == "0.5.20"
+    assert len(inner.ran) <= 6 and sum(r.status == NOT_RUN for r in outcome.results) == len(versions) - len(inner.ran)
+
+
+def test_bisection_when_the_oldest_fails_or_the_newest_passes(tmp_path):
+    versions = ["0.5.21", "0.5.22", "0.5.23"]
+    all_bad, _, inner = triage(tmp_path, dict.fromkeys(versions, (1, BROKEN, "")))
+    assert all_bad.run(versions, bisect=True).first_failing == "0.5.21" and inner.ran == ["0.5.21"]
+    all_good, _, inner = triage(tmp_path, dict.fromkeys(versions, (0, CLEAN, "")))
+    assert all_good.run(versions, bisect=True).first_failing is None and inner.ran == ["0.5.21", "0.5.23"]
+
+
+# -- the pip installer's failures, with a fake command runner -------------------------------------------------
+
+def test_a_broken_install_is_environment_broken_with_pip_s_reason(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("torch\n")
+
+    def no_such_version(cmd):
+        return 1, "ERROR: Could not find a version that satisfies the requirement sglang==9.9.9\n"
+
+    installer = PipInstaller(tmp_path / "cache", requirements, tmp_path, run=no_such_version)
+    with pytest.raises(EnvironmentBroken, match=r"downloading sglang 9\.9\.9 from PyPI failed .*sglang==9\.9\.9"):
+        installer.wheel("9.9.9")
+
+    def requirements_fail(cmd):
+        return (1, "ERROR: No matching distribution found for torch\n") if "-r" in cmd else (0, "")
+
+    installer = PipInstaller(tmp_path / "cache", requirements, tmp_path, run=requirements_fail)
+    with pytest.raises(EnvironmentBroken, match="(?s)installing the CPU requirements failed.*No matching distribution"):
+        installer.python_for("0.5.23", tmp_path / "sglang-0.5.23-py3-none-any.whl")
+
+
+def test_the_installed_version_is_checked_and_only_the_wheel_is_swapped(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("torch\n")
+    commands, installed = [], {"version": "0.5.22"}
+
+    def pip(cmd):
+        commands.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
+        if "--force-reinstall" in cmd:
+            installed["version"] = Path(cmd[-1]).name.split("-")[1]
+        return 0, installed["version"] + "\n" if cmd[1] == "-c" else ""
+
+    installer = PipInstaller(tmp_path / "cache", requirements, tmp_path, run=pip)
+    installer.python_for("0.5.23", tmp_path / "sglang-0.5.23-py3-none-any.whl")
+    made = sum(c[1:3] == ["-m", "venv"] for c in commands)
+    installer.python_for("0.5.21", tmp_path / "sglang-0.5.21-py3-none-any.whl")
+    assert made == 1 and sum(c[1:3] == ["-m", "venv"] for c in commands) == 1  # one environment, reused
+    assert [Path(c[-1]).name for c in commands if "--force-reinstall" in c] == [
+        "sglang-0.5.23-py3-none-any.whl", "sglang-0.5.21-py3-none-any.whl"]
+
+    def stale(cmd):
+        return 0, "0.5.22\n" if cmd[1] == "-c" else ""
+
+    with pytest.raises(EnvironmentBroken, match="sglang 0.5.23 was installed but the environment reports '0.5.22'"):
+        PipInstaller(tmp_path / "cache", requirements, tmp_path, run=stale).python_for(
+            "0.5.23", tmp_path / "sglang-0.5.23-py3-none-any.whl")
