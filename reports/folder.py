@@ -58,7 +58,7 @@ class ReportFolder:
     mutants: list[dict] | None = None
     triage: dict | None = None
     sanitizer: dict | None = None
-    kernel: dict | None = None  # {"rows": [...], "meta": {...}} whatever shape the file had
+    kernel: dict | None = None  # {"rows": [flat rows], "meta": {fact: value}}, whatever shape the file had
     pytest: PytestRun | None = None
     examples: int | None = None  # entries in the hypothesis example database, None when there is none
 
@@ -220,17 +220,37 @@ def check_sanitizer(check: _Check, data) -> dict:
 
 
 def check_kernel(check: _Check, data) -> dict:
-    """A kernel benchmark: a list of rows, or an object holding them under "rows" beside scalar facts."""
+    """A kernel benchmark, shown generically. Rows are flat (`name`, `tokens`, `ms`, ...) or hold one object
+    per implementation (`tokens`, `triton: {ms, ...}`, `torch: {...}`, as benchmarks/sparse_kernel.py
+    writes); both become flat rows. The other top-level fields are facts: scalars, one level of objects,
+    and lists by their length."""
     if isinstance(data, list):
         data = {"rows": data}
     if not isinstance(data, dict):
         check.fail("the top level must be a list of rows or an object with 'rows'")
+    rows = []
     for prefix, row in check.items(data, "rows"):
-        check.need(row, "name", "str", prefix)
+        scalars = {k: v for k, v in row.items() if not isinstance(v, (dict, list))}
+        per_impl = {k: v for k, v in row.items() if isinstance(v, dict) and "ms" in v}
+        if not per_impl:
+            check.need(row, "name", "str", prefix)
         check.need(row, "tokens", "int", prefix, optional=True)
-        for key in ("ms", "gbps", "tflops", "pct_roofline", "roofline_gbps"):
-            check.need(row, key, "number", prefix, optional=True)
-    return {"rows": data["rows"], "meta": {k: v for k, v in data.items() if k != "rows"}}
+        for where, flat in ([(f"{prefix}{k}.", {"name": k, **scalars, **v}) for k, v in per_impl.items()]
+                            or [(prefix, scalars)]):
+            for key in ("ms", "gbps", "tflops", "pct_roofline", "roofline_gbps"):
+                check.need(flat, key, "number", where, optional=True)
+            rows.append({k: v for k, v in flat.items() if not isinstance(v, (dict, list))})
+    facts = {}
+    for key, value in data.items():
+        if key == "rows":
+            continue
+        if isinstance(value, dict):
+            facts.update({f"{key}.{k}": v for k, v in value.items() if not isinstance(v, (dict, list))})
+        elif isinstance(value, list):
+            facts[key] = f"{len(value)} entr{'y' if len(value) == 1 else 'ies'}"
+        else:
+            facts[key] = value
+    return {"rows": rows, "meta": facts}
 
 
 def read_pytest_junit(path: Path) -> PytestRun:

@@ -258,6 +258,22 @@ def test_report_command_names_the_corrupt_file_and_exits_2(tmp_path, capsys):
     assert main(["report", str(tmp_path / "absent")]) == 2
 
 
+def test_kernel_benchmark_rows_per_implementation_become_flat_rows(tmp_path):
+    """The shape benchmarks/sparse_kernel.py writes: one object per implementation in each row."""
+    rate = {"ms": 1.5, "GBps": 2100.0, "TFLOPs": 300.0, "flop_per_byte": 140.0, "roofline_TFLOPs": 990.0,
+            "pct_roofline": 30.0}
+    doc = {"device": "NVIDIA H200", "shape": {"heads": 64, "dim": 512}, "sweep": [{"config": {}}] * 3,
+           "rows": [{"tokens": t, "triton": rate, "torch": {**rate, "ms": 40.0}} for t in (8192, 16384)]}
+    folder = load_folder(write_folder(tmp_path, kernel_json=doc))
+    assert [(r["name"], r["tokens"], r["ms"]) for r in folder.kernel["rows"]][:2] == [("triton", 8192, 1.5),
+                                                                                       ("torch", 8192, 40.0)]
+    assert folder.kernel["meta"] == {"device": "NVIDIA H200", "shape.heads": 64, "shape.dim": 512, "sweep": "3 entries"}
+    assert "<svg" in render_html(folder)
+    doc["rows"][1]["torch"]["ms"] = "slow"
+    with pytest.raises(ReportError, match=r"field 'rows\[1\].torch.ms' must be number"):
+        load_folder(write_folder(tmp_path, kernel_json=doc))
+
+
 def test_good_files_load_without_error(tmp_path):
     folder = load_folder(full_folder(tmp_path))
     assert folder.summary and folder.mutants and folder.sanitizer and folder.kernel and folder.triage
