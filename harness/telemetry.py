@@ -1,9 +1,10 @@
 """NVML telemetry around a run: what the GPU was, how it was clocked, and whether it misbehaved.
 
-A finding made on a throttled GPU, one that logged uncorrected ECC errors, XID events or pending row
-remaps, may be the hardware's fault rather than the target's: such findings are marked
-environment-suspect. On a machine without NVML (CPU CI) a window reports ``available: False`` with
-the reason and never raises; only a caller that requires telemetry gets `EnvironmentBroken`.
+A finding made on a throttled GPU, one that logged uncorrected ECC errors, hardware XID events or
+pending row remaps, may be the hardware's fault rather than the target's: such findings are marked
+environment-suspect (XIDs that an application's own fault raises are recorded, not suspect). On a
+machine without NVML (CPU CI) a window reports ``available: False`` with the reason and never
+raises; only a caller that requires telemetry gets `EnvironmentBroken`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ CLOCK_EVENT_NAMES = {
 SUSPECT_CLOCK_EVENTS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                                   "hw_power_brake_slowdown"})
 ECC_COUNTERS = ("volatile_corrected", "volatile_uncorrected", "aggregate_corrected", "aggregate_uncorrected")
+# XIDs a faulting application causes in its own context (13 graphics engine exception, 31 memory page
+# fault, 43 channel stopped, 45 preemptive cleanup after those): the finding of a case that made an
+# illegal access is the target's, not the GPU's. Every other XID (48 double-bit ECC, 63/64 row
+# remapping, 74 NVLink, 79 fallen off the bus, 94/95 ECC containment, ...) points at the hardware.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 MAX_XID_EVENTS = 256  # a drain stops here: an XID storm must not stall the run
 
 Gpu = int | str | None  # NVML index, a UUID ("GPU-..."), or None: the first GPU CUDA sees
@@ -100,7 +106,7 @@ class TelemetryRecord:
             if was is not None and now is not None and now > was:
                 reasons.append(f"uncorrected ECC errors rose during the run ({counter}: {was} -> {now})")
                 break
-        reasons += [f"XID {x['xid']} during the run" for x in self.xids or []]
+        reasons += [f"XID {x['xid']} during the run" for x in self.xids or [] if x["xid"] not in APPLICATION_XIDS]
         rows = latest.remapped_rows or {}
         if rows.get("pending"):
             reasons.append("remapped rows pending (the GPU needs a reset)")

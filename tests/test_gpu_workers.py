@@ -88,6 +88,21 @@ def test_auto_workers_is_the_gpu_count_on_cuda_and_xdists_default_on_the_cpu(gpu
         gpu_workers.pytest_xdist_auto_num_workers(config("cuda"))
 
 
+def test_auto_workers_answers_before_xdists_own_count(pytester, monkeypatch):
+    """xdist's hook is a plain one and firstresult: the GPU count must come first, in any load order."""
+    import xdist.plugin
+
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    cfg = pytester.parseconfigure("-p", "fixtures.plugin", "-p", "fixtures.gpu_workers", "-p", "xdist.plugin",
+                                  "--harness-device", "cuda")
+    cpus = xdist.plugin.pytest_xdist_auto_num_workers(cfg)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(*(FakeGpu(i) for i in range(cpus + 1))))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert cfg.hook.pytest_xdist_auto_num_workers(config=cfg) == cpus + 1
+
+
 def test_the_controller_refuses_more_workers_than_gpus_before_any_starts(gpus, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")

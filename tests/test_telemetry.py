@@ -189,13 +189,20 @@ def test_an_uncorrected_ecc_error_during_the_run_is_suspect_and_a_corrected_one_
         "uncorrected ECC errors rose during the run (volatile_uncorrected: 0 -> 1)"]
 
 
-def test_an_xid_during_the_run_is_collected_and_suspect(gpu):
-    gpu.xid(13)  # before the window: not this run's
+def test_a_hardware_xid_during_the_run_is_collected_and_suspect(gpu):
+    gpu.xid(48)  # before the window: not this run's
     with TelemetryWindow() as window:
         gpu.xid(79)
     assert window.record.xids == [{"xid": 79, "event_type": 0x8}]
     assert window.record.suspect_reasons() == ["XID 79 during the run"]
     assert dict(window.record.properties())["gpu.xids"] == "79"
+
+
+def test_an_xid_from_an_applications_own_fault_is_recorded_but_not_suspect(gpu):
+    with TelemetryWindow() as window:
+        gpu.xid(43)  # what a device-side assert in the case raised on the H200
+    assert window.record.xids == [{"xid": 43, "event_type": 0x8}]
+    assert window.record.suspect_reasons() == []
 
 
 def test_pending_remapped_rows_are_suspect(gpu):
