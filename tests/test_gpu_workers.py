@@ -92,14 +92,15 @@ def test_auto_workers_answers_before_xdists_own_count(pytester, monkeypatch):
     """xdist's hook is a plain one and firstresult: the GPU count must come first, in any load order."""
     import xdist.plugin
 
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    cfg = pytester.parseconfigure("-p", "fixtures.plugin", "-p", "fixtures.gpu_workers", "-p", "xdist.plugin",
-                                  "--harness-device", "cuda")
-    cpus = xdist.plugin.pytest_xdist_auto_num_workers(cfg)
+    for name in ("PYTEST_XDIST_AUTO_NUM_WORKERS", "PYTEST_XDIST_WORKER"):  # the controller, xdist's own count
+        monkeypatch.delenv(name, raising=False)
+    cpus = xdist.plugin.pytest_xdist_auto_num_workers(SimpleNamespace(option=SimpleNamespace(numprocesses="auto")))
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(*(FakeGpu(i) for i in range(cpus + 1))))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    cfg = pytester.parseconfigure("-p", "fixtures.plugin", "-p", "fixtures.gpu_workers", "-p", "xdist.plugin",
+                                  "--harness-device", "cuda")
     assert cfg.hook.pytest_xdist_auto_num_workers(config=cfg) == cpus + 1
 
 
