@@ -427,10 +427,12 @@ def _call(node: ast.Call, me: str, instances: set[str], facts: _Facts, named, kl
     if fname in ("setattr", "__setattr__") and len(args) >= 2 and isinstance(args[0], ast.Name) \
             and args[0].id in instances:
         named(args[1], node.lineno, f"{fname}({args[0].id}, ...)")
-    elif fname in ("hasattr", "getattr") and len(args) >= 2 and _is_name(args[0], me):
-        name = _const_str(args[1])
-        if name is not None and (fname == "hasattr" or len(args) >= 3):
-            facts.guarded.add(_mangle(name, klass))
+    elif fname in ("hasattr", "getattr") and len(args) >= 2 and _is_name(args[0], me) and _const_str(args[1]):
+        name = _const_str(args[1])  # no mangling: getattr's name is taken as written
+        if fname == "getattr" and len(args) == 2:
+            facts.reads.append((name, node.lineno))  # getattr(self, "X") reads X as self.X does
+        else:
+            facts.guarded.add(name)
     elif fname in ("update", "setdefault") and isinstance(func, ast.Attribute) and _is_instance_dict(func.value, instances):
         facts.open_reasons.append((f"{ast.unparse(func)}(...)", node.lineno))
     if isinstance(func, ast.Attribute):

@@ -139,10 +139,27 @@ def test_each_assignment_form_counts_and_its_absence_is_a_break(tmp_path, form):
     assert [b.attribute for b in broken.breaks] == [expected] and broken.open == [], form
 
 
+GETATTR = """
+class C:
+    def read(self):
+        if hasattr(self, "maybe"):
+            return self.maybe
+        return getattr(self, "optional", None), getattr(self, "x")
+"""
+
+
+def test_getattr_with_a_constant_name_is_a_read_and_a_guarded_read_is_not(tmp_path):
+    module = load(tmp_path / "planted_getattr.py", "planted_getattr", GETATTR)
+    assert [b.attribute for b in check_class(module.C).breaks] == ["x"]
+
+
 BASES = '''
 class Base:
     def __init__(self):
         self.pool = 1
+
+    def use(self):
+        return self.gone
 
 
 class Child(Base):
@@ -153,21 +170,31 @@ class Child(Base):
         return self.pool
 
 
-class Overridden(Base):
-    """Base.use reads `gone`, but Overridden replaces use and never calls it: not reachable."""
-
+class Overridden(Child):
     def use(self):
-        return 0
+        return self.pool
 
 
-Base.use = None
+class CallsSuper(Child):
+    def use(self):
+        return super().use()
+
+
+class CallsBase(Child):
+    def use(self):
+        return Base.use(self)
 '''
 
 
-def test_a_base_class_init_assigns_and_an_overridden_method_is_not_read(tmp_path):
+def test_a_base_init_assigns_and_only_reachable_base_methods_are_read(tmp_path):
+    """`pool` comes from Base.__init__; Base.use reads the never-assigned `gone`, which an override that
+    never calls it hides, and super().use() or Base.use(self) reaches."""
     module = load(tmp_path / "planted_bases.py", "planted_bases", BASES)
-    assert check_class(module.Child).breaks == []
+    assert [b.attribute for b in check_class(module.Child).breaks] == ["gone"]
     assert check_class(module.Overridden).breaks == []
+    for name in ("CallsSuper", "CallsBase"):
+        (b,) = check_class(getattr(module, name)).breaks
+        assert (b.attribute, b.method) == ("gone", "Base.use")
 
 
 OPEN = '''
