@@ -8,6 +8,7 @@ folder, so a nightly failure replays from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
+from harness.isolation import IsolatedRunner
 from harness.strategies import cases, schedules, seed_cases
 
 PROFILES = {
@@ -77,9 +79,11 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  database_dir: Optional[Path] = None, mutant: Optional[str] = None,
                  on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
                  oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
-                 seeds: bool = True, from_db: bool = False) -> CampaignResult:
+                 seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None) -> CampaignResult:
     """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
-    `from_db`: replay only the failures stored in the example database (a nightly's, kept in its folder)."""
+    `from_db`: replay only the failures stored in the example database (a nightly's, kept in its folder).
+    `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
+    context or hangs is a finding with its replay command, not the end of the run."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
@@ -114,8 +118,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             if result.first_detection_seconds is not None and (
                     time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
                 return  # the shrink budget is spent: keep the smallest failure found so far
-            judged = run_case(target, case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
-                              oracles=oracles)
+            judge = runner.run_case if runner else functools.partial(run_case, target)
+            judged = judge(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant, oracles=oracles)
             if result.first_detection_examples is None:
                 result.cases += 1
                 result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, judged))
@@ -131,10 +135,14 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         campaign_case = example(case=case, schedule="adversarial")(campaign_case)
     if seed is not None:
         campaign_case = _seeded(campaign_case, seed)
+    runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
     try:
         campaign_case()
     except FindingRaised as raised:
         result.minimal = raised.result
+    finally:
+        if runner:
+            runner.close()
     result.duration_s = time.perf_counter() - start
     return result
 

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
     run.add_argument("--report-dir", default="harness-report")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    run.add_argument("--isolate", default="auto",
+                     help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
+                          "finding: SECONDS | off | auto (default: 120 on cuda, off on cpu)")
     run.add_argument("--from-db", action="store_true",
                      help="replay the seed cases and the failures stored in REPORT_DIR/examples (a nightly run's database)")
 
@@ -135,10 +138,11 @@ def _progress(total: int):
 
 def cmd_run(args) -> int:
     from harness.campaign import PROFILES, run_campaign
-    from harness.engine import parse_oracles
-    from reports.writers import write_json_atomically
     from harness.device import resolve_device
+    from harness.engine import parse_oracles
     from harness.target import load_target
+    from harness.telemetry import TelemetryWindow, annotate_summary
+    from reports.writers import write_json_atomically
 
     semantics = _semantics(args.semantics)
     device = resolve_device(args.device)
@@ -147,18 +151,21 @@ def cmd_run(args) -> int:
     if args.profile not in PROFILES:
         raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
     total = args.examples or PROFILES[args.profile]["max_examples"]
+    isolate_s = _isolate(args.isolate, device)
     progress, update = _progress(total)
     if progress:
         progress.start()
     try:
-        result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                              examples=args.examples, seed=args.seed, profile=args.profile,
-                              database_dir=report_dir / "examples", mutant=args.mutant, on_case=update,
-                              shrink=not args.no_shrink, oracles=parse_oracles(args.oracles), from_db=args.from_db)
+        with TelemetryWindow(required=device == "cuda") as window:
+            result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
+                                  examples=args.examples, seed=args.seed, profile=args.profile,
+                                  database_dir=report_dir / "examples", mutant=args.mutant, on_case=update,
+                                  shrink=not args.no_shrink, oracles=parse_oracles(args.oracles),
+                                  from_db=args.from_db, isolate_s=isolate_s)
     finally:
         if progress:
             progress.stop()
-    summary = result.summary()
+    summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
     summary_name = "replay-summary.json" if args.from_db else "summary.json"  # a replay keeps the nightly's own
     write_json_atomically(report_dir / summary_name, summary)
@@ -173,6 +180,20 @@ def cmd_run(args) -> int:
         print(f"  replay: {result.minimal.replay}")
     print(f"summary: {report_dir / summary_name}")
     return EXIT_FOUND if result.findings else EXIT_OK
+
+
+def _isolate(value: str, device: str):
+    if value == "auto":
+        return 120.0 if device == "cuda" else None
+    if value == "off":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise InvalidArgument(f"--isolate={value!r}: a timeout in seconds > 0, off, or auto")
+    return seconds
 
 
 def cmd_replay(args) -> int:
