@@ -86,7 +86,7 @@ def rates(ms: float, moved: int, flops: int, ceil: dict) -> dict:
 
 def cfg_dict(cfg: KernelConfig) -> dict:
     return {"block_h": cfg.block_h, "block_w": cfg.block_w, "num_warps": cfg.num_warps,
-            "num_stages": cfg.num_stages, "lazy_rescale": cfg.lazy_rescale}
+            "num_stages": cfg.num_stages}
 
 
 def precompile(configs) -> list[str]:

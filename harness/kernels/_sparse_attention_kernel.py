@@ -18,7 +18,7 @@ def sparse_attention_fwd(q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
                          H, D, W, N, scale_log2,
                          stride_qt, stride_qh, stride_kvn, stride_it, stride_ot, stride_oh,
                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE_FP32: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+                         IEEE_FP32: tl.constexpr):
     """One program per (token, head block): each gathered kv row is loaded once for all heads of
     the block and serves both Q.K and P.V (K equals V). Online softmax over W in BLOCK_W tiles, in
     base 2, seeded with the sink (score `sink`, value 0), so the running max is finite from the start
@@ -49,19 +49,10 @@ def sparse_attention_fwd(q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
             s = tl.dot(q, tl.trans(kv))
         s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
         m_tile = tl.maximum(m, tl.max(s, 1))
-        if LAZY_RESCALE:
-            # Keep a stale max while no score runs more than 2^8 above it: p stays <= 256, exact
-            # in bf16 range, and the [BLOCK_H, BLOCK_D] rescale of acc is skipped on most tiles.
-            if tl.max(m_tile - m, 0) > 8.0:
-                alpha = tl.exp2(m - m_tile)
-                acc = acc * alpha[:, None]
-                l_sum = l_sum * alpha
-                m = m_tile
-        else:
-            alpha = tl.exp2(m - m_tile)
-            acc = acc * alpha[:, None]
-            l_sum = l_sum * alpha
-            m = m_tile
+        alpha = tl.exp2(m - m_tile)
+        acc = acc * alpha[:, None]
+        l_sum = l_sum * alpha
+        m = m_tile
         p = tl.exp2(s - m[:, None])
         l_sum += tl.sum(p, 1)
         if IEEE_FP32:
