@@ -1,16 +1,18 @@
 """`--target sglang`: the installed SGLang package's real code, judged by the harness's oracles.
 
 Needs sglang 0.5.23 and its CPU import dependencies (see harness/sglang_target/__init__.py); skipped
-without them. The Triton metadata kernels run in Triton's interpreter, so TRITON_INTERPRET=1 is set
-before anything imports triton.
+without them. The cases run on `--harness-device` (cpu: the simulator, SGLang's Triton kernels
+interpreted; cuda: compiled), so the kernels' mode is chosen before anything imports triton.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+from types import SimpleNamespace
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from harness.sglang_target._api import prepare_triton
+
+prepare_triton()
 
 import pytest  # noqa: E402
 
@@ -20,6 +22,7 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: --tar
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from harness.case import Batch, Case, Flags, Mutation, Request  # noqa: E402
+from harness.device import SimDevice, make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
@@ -64,9 +67,25 @@ def test_reports_the_installed_version_and_semantics(target):
     assert any(a.startswith("token_to_kv_pool") for a in BACKEND_ATTRIBUTES)
 
 
+def test_kernels_run_on_the_device_and_the_other_device_is_refused(target, harness_device):
+    """One process defines SGLang's Triton kernels for one device kind; a session on the other is an
+    environment error that names the TRITON_INTERPRET setting, not a Triton failure deep in a kernel."""
+    from harness.sglang_target._api import RetiledCombineKernel
+
+    api = target.api
+    assert api.kernels_on == harness_device, api.describe()
+    api.check_device(harness_device)
+    retiled = isinstance(api.mods["kernels"]._combine_topk_swa_indices_kernel, RetiledCombineKernel)
+    assert retiled == (harness_device == "cpu")  # the wide interpreter tile never replaces SGLang's GPU launch
+    other = SimpleNamespace(kind="cuda") if harness_device == "cpu" else SimDevice()
+    with pytest.raises(EnvironmentBroken, match="TRITON_INTERPRET") as info:
+        target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), other)
+    assert info.value.exit_code == 3
+
+
 @pytest.mark.parametrize("name", list(FIXED))
-def test_fixed_cases_run_clean_and_publish(target, name):
-    result = run_case(target, FIXED[name], "cpu", target_spec="sglang")
+def test_fixed_cases_run_clean_and_publish(target, name, harness_device):
+    result = run_case(target, FIXED[name], harness_device, target_spec="sglang")
     assert result.findings == [], [f.message for f in result.findings]
     published = notes(result, "publish")
     if name == "graph-bcg":  # the captured-metadata replay builds no snapshot: the coarse barrier
@@ -77,10 +96,10 @@ def test_fixed_cases_run_clean_and_publish(target, name):
         assert snapshot["sparse"] == forward["sparse"] == (name != "extend-dense")
 
 
-def test_eagle_resolves_pre_replay_but_never_publishes(target):
+def test_eagle_resolves_pre_replay_but_never_publishes(target, harness_device):
     case = Case(spec=SpeculativeAlgorithm.EAGLE,
                 batches=(Batch(requests=(Request(10, 7),), mutations=(REWRITE,)),))
-    result = run_case(target, case, "cpu", target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec="sglang")
     assert result.findings == [], [f.message for f in result.findings]
     assert notes(result, "snapshot") and not notes(result, "publish")  # the gate is at publish time
 
@@ -94,13 +113,13 @@ def _eager_extend(case: Case) -> Case:
 @settings(max_examples=20, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(case=cases(large=False).map(_eager_extend))
-def test_differential_against_reference_finds_no_difference(target, case):
+def test_differential_against_reference_finds_no_difference(target, harness_device, case):
     from harness.sglang_target import differential_against_reference
 
-    assert differential_against_reference(case, target=target) == []
+    assert differential_against_reference(case, target=target, device=harness_device) == []
 
 
-def test_differential_names_the_fields_that_differ(target):
+def test_differential_names_the_fields_that_differ(target, harness_device):
     """Against a reference with one seeded difference, the check names exactly the fields it changes.
 
     (It first found a real one: 0.5.23's eager runner runs a MIXED batch as EXTEND and publishes,
@@ -109,30 +128,31 @@ def test_differential_names_the_fields_that_differ(target):
     from harness.sglang_target import differential_against_reference
 
     mixed = Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(2, 5), Request(9, 1))),))
-    assert differential_against_reference(mixed, target=target) == []
+    assert differential_against_reference(mixed, target=target, device=harness_device) == []
     plain = Case(batches=(Batch(requests=(Request(2, 5), Request(9, 1))),))
-    assert differential_against_reference(plain, target=target, reference=mutant_target("fast_path_lost")) == ["publish"]
+    assert differential_against_reference(plain, target=target, reference=mutant_target("fast_path_lost"),
+                                          device=harness_device) == ["publish"]
 
 
 SPARSE_WITH_REWRITE = Case(batches=(Batch(requests=(Request(6, 5), Request(0, 4)),
                                           mutations=(Mutation("req_to_token_rewrite", count=2),)),))
 
 
-def test_seeded_break_snapshot_skips_the_build_is_reported(target, monkeypatch):
+def test_seeded_break_snapshot_skips_the_build_is_reported(target, harness_device, monkeypatch):
     """The installed package broken: the snapshot claims PRE_REPLAY without building the cache."""
     from harness.sglang_target._api import load_api
 
     api = load_api()
     monkeypatch.setattr(api.backend_cls, "_snapshot_prefill_shared_reads",
                         lambda self, fb, *, num_qo_tokens: api.mods["base_backend"].SharedReadEnds.PRE_REPLAY)
-    result = run_case(target, SPARSE_WITH_REWRITE, "cpu", target_spec="sglang")
+    result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec="sglang")
     found = set(kinds(result))
     assert ("policy", "read-after-publish") in found and ("policy", "sparse-decision-disagrees") in found
     assert ("happens-before", "unordered-access") in found
     assert "--target sglang" in result.replay and "--case" in result.replay
 
 
-def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, monkeypatch):
+def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, harness_device, monkeypatch):
     """The #36639 fixture bug: an object-built backend that never got `token_to_kv_pool`."""
     from harness.sglang_target.session import SglangModelRunner
 
@@ -144,7 +164,7 @@ def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, monke
         return backend
 
     monkeypatch.setattr(SglangModelRunner, "_build_backend", broken)
-    result = run_case(target, SPARSE_WITH_REWRITE, "cpu", target_spec="sglang")
+    result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec="sglang")
     assert ("execution", "target-raised") in kinds(result)
     assert "token_to_kv_pool" in result.findings[0].message and "--target sglang" in result.replay
 
@@ -154,6 +174,9 @@ def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
     import torch
 
     from harness.sglang_target._api import RetiledCombineKernel
+
+    if target.api.kernels_on != "cpu":
+        pytest.skip("the retiled launch is the interpreter's; compiled kernels keep SGLang's launch")
 
     combine = target.api.mods["kernels"].combine_topk_swa_indices
     lens, pad = [13, 1, 22], 5
@@ -173,11 +196,9 @@ def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
     assert torch.equal(retiled[0], original[0]) and torch.equal(retiled[1], original[1])
 
 
-def test_a_case_of_other_semantics_is_refused(target):
-    from harness.device import SimDevice
-
+def test_a_case_of_other_semantics_is_refused(target, harness_device):
     with pytest.raises(InvalidArgument, match="semantics"):
-        target.open(Case(semantics="pr", spec=SpeculativeAlgorithm.DFLASH), SimDevice())
+        target.open(Case(semantics="pr", spec=SpeculativeAlgorithm.DFLASH), make_device(harness_device))
 
 
 def test_a_missing_sglang_name_is_an_environment_error(target, monkeypatch):
@@ -194,13 +215,43 @@ def test_a_missing_sglang_name_is_an_environment_error(target, monkeypatch):
         _api.load_api.cache_clear()
 
 
-def test_interface_contract_on_the_real_backend_names_the_reading_line(target):
+def test_an_import_failure_names_sglangs_failing_line(target, monkeypatch):
+    """A module of the chain that fails to import (here: raises, as a missing CUDA kernel package or a torch
+    API change would) is an environment error naming the module, the error and sglang's failing line."""
+    import importlib
+
+    from harness.sglang_target import _api
+
+    real_import = importlib.import_module
+
+    def planted():
+        raise RuntimeError("planted")
+
+    planted.__code__ = planted.__code__.replace(co_filename="/x/sglang/srt/planted.py", co_firstlineno=1)
+
+    def failing(name, *args):
+        if name == _api.BACKEND:
+            planted()  # raises from "sglang/srt/planted.py", line 2
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", failing)
+    _api.load_api.cache_clear()
+    try:
+        with pytest.raises(EnvironmentBroken) as info:
+            _api.load_api()
+    finally:
+        _api.load_api.cache_clear()
+    assert info.value.exit_code == 3
+    assert (f"cannot import {_api.BACKEND} (RuntimeError: planted, at sglang/srt/planted.py:2)"
+            in str(info.value)), str(info.value)
+
+
+def test_interface_contract_on_the_real_backend_names_the_reading_line(target, harness_device):
     """The real DeepseekV4AttnBackend as the target builds it meets the contract; without
     `token_to_kv_pool` (the CI break after #35947) the report names the attribute and sglang's line."""
-    from harness.device import SimDevice
     from harness.triage import check_object
 
-    session = target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice())
+    session = target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
     backend = session.model_runner.attn_backend
     entry = ("resolve_prefill_shared_read_ends", "shared_read_ends")
     assert [b.attribute for b in check_object(backend, entry)] == []

@@ -2,6 +2,11 @@
 driven on the harness's device (the CPU simulator or CUDA). See `session.py` for what runs real SGLang code
 and what is replaced.
 
+SGLang's Triton kernels run interpreted on the CPU simulator and compiled on CUDA; the process picks one
+when triton is first imported (interpreted unless a GPU is visible; TRITON_INTERPRET overrides it).
+On CUDA, SGLang's modules take their CUDA branches at import, which import its CUDA kernel packages
+(`sgl_kernel` from sglang-kernel, ...): those must be installed as SGLang's own requirements say.
+
 Install (its own environment: SGLang pins torch 2.14.1, and the CPU build of torch 2.13.0 cannot import
 torchvision, which sglang imports):
 
@@ -39,11 +44,13 @@ def make_target() -> SglangTarget:
     return SglangTarget()
 
 
-def differential_against_reference(case: Case, *, target: SglangTarget | None = None, reference=None) -> list[str]:
-    """Names of the fields where the real SGLang code and the reference model (or `reference`) disagree."""
+def differential_against_reference(case: Case, *, target: SglangTarget | None = None, reference=None,
+                                   device: str = "cpu") -> list[str]:
+    """Names of the fields where the real SGLang code and the reference model (or `reference`) disagree,
+    both run on `device` ("cpu": the simulator, or "cuda")."""
     from harness.sglang_target.differential import differential_against_reference as run
 
-    return run(case, target=target, reference=reference)
+    return run(case, target=target, reference=reference, device=device)
 
 
 __all__ = ["SglangTarget", "make_target", "differential_against_reference"]

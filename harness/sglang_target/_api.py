@@ -2,8 +2,12 @@
 
 Everything the target calls is looked up here, once, by its SGLang name; whatever is missing is
 reported in one `EnvironmentBroken` naming each missing module or attribute (the CLI exits 3).
-`TRITON_INTERPRET=1` is set before anything imports triton, so SGLang's Triton metadata kernels
-(`build_swa_token_ids`, `combine_topk_swa_indices`) run on CPU tensors.
+
+SGLang's Triton metadata kernels (`build_swa_token_ids`, `combine_topk_swa_indices`) run either
+interpreted, on the CPU simulator's tensors, or compiled, on CUDA tensors. Triton fixes that choice for
+the whole process when it is first imported (`TRITON_INTERPRET`), so `prepare_triton` makes it then:
+interpreted unless a CUDA device is visible or `TRITON_INTERPRET` says otherwise. A session on the
+other kind of device is refused with the setting that would fix it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import functools
 import importlib
 import inspect
 import os
+import sys
+import traceback
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +89,7 @@ class SglangApi:
     version: str
     semantics: str  # "0.5.23" (resolver) or "pr" (prepare_prefill_shared_read_snapshot)
     semantics_detail: str
+    kernels_on: str = "cpu"  # "cpu": Triton kernels interpreted; "cuda": compiled
     mods: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -90,20 +97,48 @@ class SglangApi:
         return self.mods["backend"].DeepseekV4AttnBackend
 
     def describe(self) -> str:
-        return f"sglang {self.version}, {self.semantics_detail}"
+        how = "interpreted, CPU" if self.kernels_on == "cpu" else "compiled, CUDA"
+        return f"sglang {self.version}, {self.semantics_detail}, Triton kernels {how}"
+
+    def check_device(self, kind: str) -> None:
+        """SGLang's kernels run on the device kind they were defined for in this process."""
+        if kind == self.kernels_on:
+            return
+        if kind == "cuda":
+            raise EnvironmentBroken(
+                f"--target sglang --device cuda: TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} made "
+                "SGLang's Triton kernels interpreted in this process; unset it to run them compiled on the GPU")
+        raise EnvironmentBroken(
+            f"--target sglang --device {kind}: SGLang's Triton kernels were compiled for CUDA in this process (a GPU "
+            "is visible); the CPU simulator needs them interpreted: set TRITON_INTERPRET=1")
 
 
-def _resolve(module: str, dotted: str):
-    obj = importlib.import_module(module)
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+def prepare_triton() -> None:
+    """Before triton is first imported: interpret its kernels unless a CUDA device is visible.
+
+    An explicit TRITON_INTERPRET is left as it is; once triton is imported the choice is made."""
+    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _import_failure(module: str, exc: Exception) -> str:
+    """The error and the innermost line of sglang that raised it: what a missing dependency needs."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}sglang{os.sep}" in f.filename]
+    where = ""
+    if frames:
+        path = frames[-1].filename
+        where = f", at {path[path.rfind(f'{os.sep}sglang{os.sep}') + 1:]}:{frames[-1].lineno}"
+    return f"cannot import {module} ({type(exc).__name__}: {exc}{where})"
 
 
 @functools.lru_cache(maxsize=1)
 def load_api() -> SglangApi:
     """Import sglang (once) and check that every real object the target drives is present."""
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    prepare_triton()
     try:
         from importlib.metadata import PackageNotFoundError, version as dist_version
 
@@ -124,10 +159,14 @@ def load_api() -> SglangApi:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    _resolve(module, dotted)
-            except ImportError as exc:
-                import_errors[module] = f"{type(exc).__name__}: {exc}"
+                    obj = importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - any import-time failure is a broken environment
+                import_errors[module] = _import_failure(module, exc)
                 lost.append(f"{module}.{dotted}")
+                continue
+            try:
+                for part in dotted.split("."):
+                    obj = getattr(obj, part)
             except AttributeError:
                 lost.append(f"{module}.{dotted}")
         return lost
@@ -141,10 +180,13 @@ def load_api() -> SglangApi:
     else:
         semantics, detail = "", ""
         missing += lost_resolver + [f"{m} (or, PR-era: {', '.join(lost_pr)})" for m in lost_resolver[:1]]
+    if import_errors:  # the first failure is the cause; later ones are often its echo (a half-imported package)
+        raise EnvironmentBroken(f"--target sglang: the installed sglang {version} does not import here: "
+                                f"{next(iter(import_errors.values()))}; {len(dict.fromkeys(missing))} of the "
+                                "names the target drives are unavailable")
     if missing:
-        why = "".join(f"; cannot import {m} ({e})" for m, e in import_errors.items())
         raise EnvironmentBroken(f"--target sglang: the installed sglang {version} lacks "
-                                f"{', '.join(dict.fromkeys(missing))}{why}")
+                                f"{', '.join(dict.fromkeys(missing))}")
 
     mods = {name: importlib.import_module(path) for name, path in dict(
         backend=BACKEND, base_backend=BASE_BACKEND, sparse_utils=SPARSE_UTILS, kernels=KERNELS, publisher=PUBLISHER,
@@ -159,21 +201,36 @@ def load_api() -> SglangApi:
     if len(params) < 3 or params[1] != want:
         raise EnvironmentBroken(f"--target sglang: sglang {version} maybe_publish_prefill_shared_read_done{params} "
                                 f"does not take {want!r} second, as {detail} needs")
-    _check_interpreter(mods["kernels"], version)
-    return SglangApi(version=version, semantics=semantics, semantics_detail=detail, mods=mods)
+    kernels_on = _check_kernels(mods["kernels"], version)
+    if kernels_on == "cpu":
+        _tune_interpreter(mods["kernels"])
+    return SglangApi(version=version, semantics=semantics, semantics_detail=detail, kernels_on=kernels_on, mods=mods)
 
 
-def _check_interpreter(kernels, version: str) -> None:
-    """The simulator's tensors live on the CPU: compiled Triton kernels cannot take them."""
-    from triton.runtime import interpreter
+def _check_kernels(kernels, version: str) -> str:
+    """"cpu" when both kernels are interpreted, "cuda" when both are compiled (one mode per process)."""
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
-    for name in ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel"):
-        kernel = getattr(kernels, name)
-        if not isinstance(getattr(kernel, "kernel", kernel), InterpretedFunction):
-            raise EnvironmentBroken(
-                f"--target sglang: sglang {version}'s Triton kernel {name} was compiled, not interpreted: set "
-                "TRITON_INTERPRET=1 before anything imports triton or sglang (it is read when a kernel is defined)")
+    def unwrap(kernel):  # through our retiling wrapper and triton's autotuner / heuristics wrappers
+        if isinstance(kernel, RetiledCombineKernel):
+            kernel = kernel.kernel
+        while not isinstance(kernel, (JITFunction, InterpretedFunction)) and hasattr(kernel, "fn"):
+            kernel = kernel.fn
+        return kernel
+
+    names = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")
+    interpreted = {name: isinstance(unwrap(getattr(kernels, name)), InterpretedFunction) for name in names}
+    if len(set(interpreted.values())) != 1:
+        raise EnvironmentBroken(f"--target sglang: sglang {version}'s Triton kernels are part interpreted, part "
+                                f"compiled ({interpreted}): TRITON_INTERPRET changed while triton was imported")
+    return "cpu" if interpreted[names[0]] else "cuda"
+
+
+def _tune_interpreter(kernels) -> None:
+    """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches."""
+    from triton.runtime import interpreter
+
     # The interpreter checks every int32 add/sub/mul for overflow, a debug check that compiled kernels run
     # only under debug=True; it is half of the interpreted time. Off, as on the GPU.
     builder = getattr(interpreter, "interpreter_builder", None)

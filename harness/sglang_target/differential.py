@@ -1,7 +1,7 @@
 """The real SGLang code against the reference model, field by field, on one drawn case.
 
-Both targets run every batch of the case on a fresh CPU simulator with nothing mutating the tables, so
-the snapshot each builds is a function of the same world. Compared, bit for bit (as integer values: the
+Both targets run every batch of the case on a fresh device (the CPU simulator, or CUDA) with nothing
+mutating the tables, so the snapshot each builds is a function of the same world. Compared, bit for bit (as integer values: the
 reference keeps `query_pos` as int64 and the offsets as host lists, SGLang int32 tensors):
 
 - the sparse prefill chunk cache: `swa_token_ids`, `swa_offsets`, `swa_first_pos`, `swa_gather_lens`,
@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from harness.case import Case
-from harness.device import SimDevice
+from harness.device import make_device
 from harness.target import ReferenceTarget
 from harness.world import PoolSizes, build_world
 
@@ -34,9 +34,9 @@ def _as_ints(value) -> torch.Tensor:
     return torch.tensor(list(value), dtype=torch.int64)
 
 
-def _run(target, case: Case) -> list[dict]:
+def _run(target, case: Case, device_name: str) -> list[dict]:
     """Per batch: the notes, the outputs and the chunk cache (None when none was built)."""
-    device = SimDevice(schedule="adversarial")
+    device = make_device(device_name)
     session = target.open(case, device)
     sizes = PoolSizes.for_case(case)
     out = []
@@ -106,13 +106,13 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
     return diffs
 
 
-def differential_details(case: Case, *, target=None, reference=None) -> dict[str, str]:
+def differential_details(case: Case, *, target=None, reference=None, device: str = "cpu") -> dict[str, str]:
     from harness.sglang_target import SglangTarget
 
     case.validate()
     target = target or SglangTarget()
-    return compare(case, _run(target, case), _run(reference or ReferenceTarget(), case))
+    return compare(case, _run(target, case, device), _run(reference or ReferenceTarget(), case, device))
 
 
-def differential_against_reference(case: Case, *, target=None, reference=None) -> list[str]:
-    return list(differential_details(case, target=target, reference=reference))
+def differential_against_reference(case: Case, *, target=None, reference=None, device: str = "cpu") -> list[str]:
+    return list(differential_details(case, target=target, reference=reference, device=device))

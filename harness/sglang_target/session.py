@@ -5,7 +5,7 @@ Real SGLang code (called, not copied):
 - `DeepseekV4AttnBackend.resolve_prefill_shared_read_ends` (the base resolver), `_snapshot_prefill_shared_reads`,
   `_use_sparse_prefill`, `shared_read_ends`, `_build_sparse_prefill_chunk_cache` (which calls
   `SparsePrefillChunkCache.build`, i.e. the Triton kernels `build_swa_token_ids` and `combine_topk_swa_indices`,
-  interpreted on the CPU), `get_swa_out_cache_loc`, and per sparse layer `SparsePrefillChunkCache.ensure_c128`,
+  interpreted on the CPU simulator, compiled on CUDA), `get_swa_out_cache_loc`, and per sparse layer `SparsePrefillChunkCache.ensure_c128`,
   `ensure_compressed` and `combine_compressed`;
 - `DSV4Metadata` itself, with its `copy_` and `refresh_for_breakable_cuda_graph_replay_` (the cache reset);
 - `maybe_publish_prefill_shared_read_done`, `SpeculativeAlgorithm` (`from_string`, `is_dflash_family`,
@@ -25,8 +25,10 @@ sequence (replicated from `EagerRunner.execute` / `_execute_extend`, including i
 Every tensor operation is issued through `device.launch` with its reads and writes declared; real SGLang code
 that computes on tensors runs inside the launched closure (holders carry its results).
 
-Interpreter settings (`_api.py`): TRITON_INTERPRET=1; the interpreter's int overflow sanitizer off (compiled
-kernels skip it too); above 1024 rows the combine kernel is launched with 128 tokens per program instead of 2.
+On CUDA the kernels run compiled, on the harness's streams (each launch is issued under the stream's torch
+context, which Triton launches on). On the CPU simulator they run interpreted (`_api.py`): TRITON_INTERPRET=1,
+the interpreter's int overflow sanitizer off (compiled kernels skip it too), and above 1024 rows the combine
+kernel launched with 128 tokens per program instead of 2. One process holds one of the two.
 """
 
 from __future__ import annotations
@@ -301,6 +303,7 @@ class SglangSession(ReferenceSession):
         if case.semantics != api.semantics:
             raise InvalidArgument(f"case semantics={case.semantics!r}: the installed {api.describe()} implements "
                                   f"--semantics {api.semantics} only")
+        api.check_device(device.kind)
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
