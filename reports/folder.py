@@ -15,6 +15,8 @@ from pathlib import Path
 from harness.errors import InvalidArgument
 
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
+NIGHTLY = "nightly.json"
+STEP_OUTCOMES = ("clean", "found", "broken", "skipped")
 PYTEST_JUNIT = "junit-pytest.xml"
 EXAMPLES = "examples"
 SANITIZER_STATUSES = ("clean", "found", "failed")
@@ -59,12 +61,14 @@ class ReportFolder:
     triage: dict | None = None
     sanitizer: dict | None = None
     kernel: dict | None = None  # {"rows": [flat rows], "meta": {fact: value}}, whatever shape the file had
+    nightly: dict | None = None
     pytest: PytestRun | None = None
     examples: int | None = None  # entries in the hypothesis example database, None when there is none
 
     @property
     def empty(self) -> bool:
-        return not any((self.summary, self.mutants is not None, self.triage, self.sanitizer, self.kernel, self.pytest))
+        return not any((self.summary, self.mutants is not None, self.triage, self.sanitizer, self.kernel, self.pytest,
+                        self.nightly))
 
 
 class _Check:
@@ -148,10 +152,27 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
         check.need(record, "spec", "str", prefix)
     telemetry = check.need(data, "telemetry", "object", where, optional=True)
     if telemetry is not None:
-        list(check.items(telemetry, "gpus", f"{where}telemetry."))
-        check.need(telemetry, "suspect", "bool", f"{where}telemetry.")
-        list(check.items(telemetry, "reasons", f"{where}telemetry.", kind="str"))
+        data = {**data, "telemetry": check_telemetry(check, telemetry, f"{where}telemetry.")}
     return data
+
+
+def check_telemetry(check: _Check, telemetry: dict, where: str) -> dict:
+    """NVML telemetry in either shape, as {gpus, suspect, reasons, unavailable}: one record as
+    harness/telemetry.py's TelemetryRecord.to_dict() writes it (`available`, `suspect_reasons`, ...),
+    or one record per GPU (`gpus`, `suspect`, `reasons`)."""
+    if "gpus" in telemetry:
+        list(check.items(telemetry, "gpus", where))
+        check.need(telemetry, "suspect", "bool", where)
+        list(check.items(telemetry, "reasons", where, kind="str"))
+        return {"gpus": telemetry["gpus"], "suspect": telemetry["suspect"], "reasons": telemetry["reasons"],
+                "unavailable": None}
+    if "available" not in telemetry:
+        check.fail(f"field '{where.rstrip('.')}' has neither 'gpus' (records per GPU) nor 'available' (one NVML record)")
+    available = check.need(telemetry, "available", "bool", where)
+    reason = check.need(telemetry, "reason", "str", where, optional=True)
+    reasons = list(check.items(telemetry, "suspect_reasons", where, kind="str"))
+    return {"gpus": [telemetry] if available else [], "suspect": bool(reasons), "reasons": [r for _, r in reasons],
+            "unavailable": None if available else reason or "no reason given"}
 
 
 def check_mutants(check: _Check, data) -> list[dict]:
@@ -182,8 +203,7 @@ def check_triage(check: _Check, data) -> dict:
             check.need(b, key, "str", prefix)
         check.need(b, "line", "int", prefix)
         list(check.items(b, "call_path", prefix, kind="str"))
-    check_summary(check, check.need(data, "campaign", "object"), "campaign.")
-    return data
+    return {**data, "campaign": check_summary(check, check.need(data, "campaign", "object"), "campaign.")}
 
 
 def check_sanitizer(check: _Check, data) -> dict:
@@ -253,6 +273,21 @@ def check_kernel(check: _Check, data) -> dict:
     return {"rows": rows, "meta": facts}
 
 
+def check_nightly(check: _Check, data) -> dict:
+    """harness/nightly.py: each step's command, exit code, time and outcome. A step that could not run
+    may have left no file of its own; this is where the page learns of it."""
+    if not isinstance(data, dict):
+        check.fail("the top level must be an object")
+    check.need(data, "exit_code", "int")
+    for prefix, step in check.items(data, "steps"):
+        check.need(step, "name", "str", prefix)
+        list(check.items(step, "command", prefix, kind="str"))
+        check.need(step, "exit_code", "int", prefix, nullable=True)
+        check.need(step, "seconds", "number", prefix)
+        check.need(step, "outcome", "str", prefix, allowed=STEP_OUTCOMES)
+    return data
+
+
 def read_pytest_junit(path: Path) -> PytestRun:
     """pytest's own JUnit XML (--junitxml): the counts and each test's outcome and properties."""
     try:
@@ -293,7 +328,7 @@ def load_folder(path: Path, pytest_junit: Path | None = None) -> ReportFolder:
     folder = ReportFolder(path)
     for name, attr, check in ((SUMMARY, "summary", check_summary), (MUTANTS, "mutants", check_mutants),
                               (TRIAGE, "triage", check_triage), (SANITIZER, "sanitizer", check_sanitizer),
-                              (KERNEL, "kernel", check_kernel)):
+                              (KERNEL, "kernel", check_kernel), (NIGHTLY, "nightly", check_nightly)):
         file = path / name
         if file.is_file():
             setattr(folder, attr, check(_Check(name), _read_json(file)))

@@ -7,6 +7,7 @@ replay command, then each run's section. A part whose file is absent is left out
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import jinja2
@@ -79,7 +80,7 @@ def _campaign_context(summary: dict, with_plots: bool = True) -> dict:
         "groups": group_findings(summary["findings"]),
         "plots": [p for p in (plots.cases_over_time(log), plots.geometry(log)) if p],
         "telemetry": None if telemetry is None else {
-            "suspect": telemetry["suspect"], "reasons": telemetry["reasons"],
+            "suspect": telemetry["suspect"], "reasons": telemetry["reasons"], "unavailable": telemetry["unavailable"],
             "gpus": [{"title": _gpu_title(g, i), "rows": [(name[1:], value) for name, value in flatten("", g)]}
                      for i, g in enumerate(telemetry["gpus"])]},
     }
@@ -89,6 +90,7 @@ def render_html(folder: ReportFolder) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = _fmt
+    env.filters["shquote"] = lambda path: shlex.quote(str(path))
     kernel = folder.kernel
     columns = list(dict.fromkeys(k for row in kernel["rows"] for k in row)) if kernel else []
     sanitizer = folder.sanitizer
@@ -108,7 +110,19 @@ def render_html(folder: ReportFolder) -> str:
         kernel=kernel and {"rows": kernel["rows"], "meta": kernel["meta"], "columns": columns,
                            "plot": plots.kernel_vs_roofline(kernel["rows"])},
         pytest=folder.pytest,
+        nightly=folder.nightly,
+        replay_db=_replay_db_command(folder),
     )
+
+
+def _replay_db_command(folder: ReportFolder) -> str | None:
+    """The one command that replays every failure stored in the folder's example database."""
+    s = folder.summary
+    if folder.examples is None or s is None or not s.get("profile"):
+        return None
+    return (f"python -m harness run --target {s['target']} --device {s['device']} --semantics {s['semantics']} "
+            f"--profile {s['profile']}{' --mutant ' + s['mutant'] if s.get('mutant') else ''} "
+            f"--report-dir {shlex.quote(str(folder.path))} --from-db")
 
 
 def write_index(folder: ReportFolder) -> Path:

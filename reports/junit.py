@@ -42,7 +42,8 @@ def telemetry_properties(summary: dict) -> list[tuple[str, object]]:
     telemetry = summary.get("telemetry")
     if telemetry is None:
         return []
-    return [("telemetry.suspect", telemetry["suspect"]), ("telemetry.reasons", "; ".join(telemetry["reasons"]))] + [
+    return [("telemetry.unavailable", telemetry["unavailable"]), ("telemetry.suspect", telemetry["suspect"]),
+            ("telemetry.reasons", "; ".join(telemetry["reasons"]))] + [
         pair for i, gpu in enumerate(telemetry["gpus"]) for pair in flatten(f"telemetry.gpus.{i}", gpu)]
 
 

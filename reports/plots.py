@@ -70,7 +70,7 @@ def geometry(log: list[dict]) -> str | None:
                        c=colour, alpha=0.55, label=f"{label} ({sum(counts.values())})", edgecolors="none")
     tokens = [r["tokens"] for r in log]
     if max(tokens) > 50 * max(1, min(tokens)):
-        ax.set_xscale("log")
+        ax.set_xscale("symlog", linthresh=1)  # log-like, and an IDLE case's 0 tokens stays on the plot
     ax.set_xlabel("tokens in the case (all batches)")
     ax.set_ylabel("requests in the case")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))

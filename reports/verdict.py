@@ -112,6 +112,14 @@ def judge(folder: ReportFolder) -> Verdict:
         if run.failures:
             found.append(f"pytest: {run.failures} of {run.tests} test(s) failed, first {_first_problem(run, 'failed')}")
         ran.append(f"{run.tests} tests")
+    if folder.nightly is not None:  # after the files' own reasons: those say more than an exit code
+        for step in folder.nightly["steps"]:
+            where = f"nightly step {step['name']} exited {step['exit_code']}"
+            if step["outcome"] == "found":
+                found.append(f"{where}: found something")
+            elif step["outcome"] == "broken":
+                broken.append(f"{where}: could not run or could not vouch")
+        ran.append(f"{len(folder.nightly['steps'])} nightly steps")
     if found:
         return Verdict(FOUND, _headline(found), found, broken)
     if broken:

@@ -77,6 +77,14 @@ def kernel() -> dict:
          "roofline_gbps": 4800.0} for t in (64, 512, 4096)]}
 
 
+def nightly(campaign="clean") -> dict:
+    code = {"clean": 0, "found": 1, "broken": 3}[campaign]
+    return {"exit_code": code, "steps": [
+        {"name": "pytest", "command": ["python", "-m", "pytest"], "exit_code": None, "seconds": 0.0, "outcome": "skipped"},
+        {"name": "campaign", "command": ["python", "-m", "harness", "run"], "exit_code": code, "seconds": 9.5,
+         "outcome": campaign}]}
+
+
 def write_folder(path: Path, **files) -> Path:
     """`files`: name (dots as underscores, e.g. summary_json) -> JSON data, or text for a raw file."""
     path.mkdir(parents=True, exist_ok=True)
@@ -95,7 +103,7 @@ def full_folder(path: Path) -> Path:
         sanitizer_json=sanitizer([san_result("racecheck", "planted_race", "found", "race", ["race"]),
                                   san_result("racecheck", "attention_t5", "clean"),
                                   san_result("memcheck", "attention_t5", "clean")]),
-        kernel_json=kernel(),
+        kernel_json=kernel(), nightly_json=nightly("found"),
         triage_json={"target": "reference", "device": "cpu", "semantics": "0.5.23",
                      "contract_breaks": [{"cls": "DeepseekV4AttnBackend", "attribute": "token_to_kv_pool",
                                           "call_path": ["init_forward_metadata", "_build"], "file": "backend.py",
@@ -111,7 +119,7 @@ def test_campaign_summary_logs_every_counted_case(tmp_path):
     data = run_campaign(ReferenceTarget(), examples=2, seeds=False).summary()
     assert len(data["cases_log"]) == data["cases"] == 2
     assert [r["i"] for r in data["cases_log"]] == [1, 2]
-    assert all(r["outcome"] == "clean" and r["tokens"] >= 1 and r["requests"] >= 1 for r in data["cases_log"])
+    assert all(r["outcome"] == "clean" and r["tokens"] >= 0 and r["requests"] >= 0 for r in data["cases_log"])
     assert load_folder(write_folder(tmp_path, summary_json=data)).summary["cases_log"] == data["cases_log"]
 
 
@@ -121,8 +129,9 @@ def _parse(suite: ET.Element) -> ET.Element:
     return ET.fromstring(junit.to_bytes(suite)).find("testsuite")
 
 
-def test_campaign_junit_fails_the_finding_case_with_replay_and_telemetry_properties():
-    suite = _parse(junit.campaign_suite(summary([finding()], telemetry=telemetry(suspect=True))))
+def test_campaign_junit_fails_the_finding_case_with_replay_and_telemetry_properties(tmp_path):
+    data = summary([finding()], telemetry=telemetry(suspect=True))
+    suite = _parse(junit.campaign_suite(load_folder(write_folder(tmp_path, summary_json=data)).summary))
     assert suite.get("tests") == "4" and suite.get("failures") == "1" and suite.get("errors") == "0"
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["telemetry.suspect"] == "true" and "hw_thermal_slowdown" in props["telemetry.reasons"]
@@ -185,6 +194,25 @@ def test_the_sanitizer_commands_own_json_loads_and_agrees_with_its_ok(tmp_path):
     assert [c.get("name") for c in suite.findall("testcase") if len(c.findall("failure"))] == ["planted_uninit"]
 
 
+def test_telemetry_as_the_run_command_writes_it(tmp_path):
+    """harness/telemetry.py's record: unavailable on a CPU machine, suspect on a throttled GPU."""
+    from harness.telemetry import GpuSnapshot, TelemetryRecord
+
+    cpu = TelemetryRecord(available=False, reason="NVML did not initialise (no NVIDIA driver?)").to_dict()
+    folder = load_folder(write_folder(tmp_path / "cpu", summary_json=summary(telemetry=cpu)))
+    assert judge(folder).status == CLEAN and "NVML did not initialise" in render_html(folder)
+    hot = GpuSnapshot(index=0, name="NVIDIA H200", clock_events=["hw_thermal_slowdown"], ecc={})
+    gpu = TelemetryRecord(available=True, before=hot, after=hot, xids=[]).to_dict()
+    folder = load_folder(write_folder(tmp_path / "gpu", summary_json=summary(telemetry=gpu)))
+    verdict = judge(folder)
+    assert verdict.status == BROKEN and "hw_thermal_slowdown" in verdict.reason
+    assert "GPU 0: NVIDIA H200" in render_html(folder)
+    props = {p.get("name"): p.get("value") for p in _parse(junit.campaign_suite(folder.summary)).find("properties")}
+    assert props["telemetry.suspect"] == "true" and props["telemetry.gpus.0.after.name"] == "NVIDIA H200"
+    with pytest.raises(ReportError, match="field 'telemetry' has neither 'gpus'"):
+        load_folder(write_folder(tmp_path / "bad", summary_json=summary(telemetry={"seconds": 1.0})))
+
+
 # -- the verdict ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("files,status,needle", [
@@ -203,6 +231,8 @@ def test_the_sanitizer_commands_own_json_loads_and_agrees_with_its_ok(tmp_path):
     ({"sanitizer_json": {"binary": None, "error": "compute-sanitizer was not found", "ok": False, "results": []}},
      BROKEN, "sanitizer: compute-sanitizer was not found"),
     ({}, BROKEN, "holds none of the report files"),
+    ({"nightly_json": nightly(campaign="broken")}, BROKEN, "nightly step campaign exited 3: could not run"),
+    ({"nightly_json": nightly(), "summary_json": summary()}, CLEAN, "2 nightly steps"),
 ])
 def test_verdict(tmp_path, files, status, needle):
     verdict = judge(load_folder(write_folder(tmp_path, **files)))
@@ -313,10 +343,20 @@ def test_page_is_self_contained_and_holds_every_section(tmp_path):
     page = render_html(load_folder(full_folder(tmp_path)))
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
     assert "<script src" not in page and "@import" not in page and "url(http" not in page
-    for anchor in ("campaign", "triage", "mutants", "sanitizer", "kernel", "telemetry", "files"):
+    for anchor in ("campaign", "triage", "mutants", "sanitizer", "kernel", "telemetry", "nightly", "files"):
         assert f'id="{anchor}"' in page
     assert page.count("<svg") == 5  # cases, geometry, detection times, sanitizer slowdown, kernel roofline
     assert "token_to_kv_pool" in page and "NVIDIA H200" in page
+
+
+def test_the_page_gives_the_command_that_replays_the_example_database(tmp_path):
+    folder = write_folder(tmp_path / "night ly", summary_json={**_without_log(summary()), "profile": "nightly"})
+    (folder / "examples" / "abc").mkdir(parents=True)
+    (folder / "examples" / "abc" / "0f").write_bytes(b"x")
+    page = render_html(load_folder(folder))
+    assert ("python -m harness run --target reference --device cpu --semantics 0.5.23 --profile nightly "
+            f"--report-dir &#39;{folder}&#39; --from-db") in page and "1 saved example(s)" in page
+    assert "--from-db" not in render_html(load_folder(write_folder(tmp_path / "plain", summary_json=summary())))
 
 
 def test_missing_parts_are_absent_sections(tmp_path):
