@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --versions: run as few versions as a binary search needs")
     triage.add_argument("--missing-backend-fails", action="store_true",
                         help="with --versions: a version without the DSV4 backend module counts as failing")
+    triage.add_argument("--static-only", action="store_true",
+                        help="only the check on the source (no built object, no campaign); with --target sglang it "
+                             "also runs on versions the target cannot drive")
 
     csan = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
     csan.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
@@ -247,11 +250,11 @@ def cmd_mutants(args) -> int:
 def cmd_triage(args) -> int:
     from dataclasses import asdict
 
+    from harness import static_contracts as static_check
     from harness.campaign import run_campaign
     from harness.case import Batch, Case, Request
     from harness.device import make_device, resolve_device
     from harness.engine import parse_oracles
-    from harness.static_contracts import check_classes, triage_classes
     from harness.target import load_target
     from harness.triage import ENTRY_POINTS, check_object
     from reports.writers import write_json_atomically
@@ -260,6 +263,8 @@ def cmd_triage(args) -> int:
         from harness.versions import triage_versions
 
         return triage_versions(args)
+    if args.static_only:
+        return static_check.static_triage(args)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
     semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
@@ -268,12 +273,7 @@ def cmd_triage(args) -> int:
     breaks = check_object(session.model_runner.attn_backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
     for b in breaks:
         print(f"[contract] {b}")
-    static = check_classes(triage_classes(session))
-    static_breaks = [b for r in static for b in r.breaks]
-    for b in static_breaks:
-        print(f"[static] {b}")
-    for o in (o for r in static for o in r.open):
-        print(f"[static/unknowable] {o}")
+    static = static_check.static_section(static_check.check_classes(static_check.triage_classes(session)))
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
                           examples=args.examples, mutant=args.mutant, oracles=parse_oracles(args.oracles))
     for finding in result.findings:
@@ -281,14 +281,12 @@ def cmd_triage(args) -> int:
     if result.minimal:
         print(f"  replay: {result.minimal.replay}")
     report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
-              "contract_breaks": [asdict(b) for b in breaks], "static_breaks": [asdict(b) for b in static_breaks],
-              "static_unknowable": [asdict(o) for r in static for o in r.open],
-              "static_subclass_hooks": [asdict(h) for r in static for h in r.hooks],
-              "static_classes": [r.cls for r in static], "campaign": result.summary()}
+              "contract_breaks": [asdict(b) for b in breaks], **static, "campaign": result.summary()}
     write_json_atomically(Path(args.report_dir) / "triage.json", report)
-    print(f"{len(breaks)} contract break(s), {len(static_breaks)} static break(s) in {len(static)} classes, "
-          f"{len(result.findings)} finding(s) in {result.cases} cases; report: {Path(args.report_dir) / 'triage.json'}")
-    return EXIT_FOUND if breaks or static_breaks or result.findings else EXIT_OK
+    print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
+          f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "
+          f"report: {Path(args.report_dir) / 'triage.json'}")
+    return EXIT_FOUND if breaks or static["static_breaks"] or result.findings else EXIT_OK
 
 
 def cmd_csan(args) -> int:

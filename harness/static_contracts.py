@@ -27,12 +27,14 @@ import functools
 import importlib
 import inspect
 import linecache
+import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.errors import EnvironmentBroken
+from harness.sglang_target import _api
 from harness.triage import _short
 
 
@@ -598,31 +600,82 @@ def check_classes(classes: Iterable[type], packages: Iterable[str] | None = None
 
 # -- what triage checks ------------------------------------------------------------------------------------
 
-# The real SGLang modules the sglang target drives (roles of `harness.sglang_target._api.SglangApi.mods`),
-# and the eager runner, whose call sequence the target replicates.
-SGLANG_ROLES = ("backend", "base_backend", "sparse_utils", "graph_runner", "base_graph_runner", "publisher", "spec")
-EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner"
+# The real SGLang modules the sglang target drives, and the eager runner, whose call sequence it replicates.
+SGLANG_MODULES = (_api.BACKEND, _api.BASE_BACKEND, _api.SPARSE_UTILS, _api.GRAPH_RUNNER, _api.BASE_GRAPH_RUNNER,
+                  _api.PUBLISHER, _api.SPEC, "sglang.srt.model_executor.runner.eager_runner")
+
+
+def _module_classes(modules) -> list[type]:
+    return [obj for m in modules for obj in vars(m).values() if inspect.isclass(obj) and obj.__module__ == m.__name__]
+
+
+def sglang_classes() -> tuple[list[type], list[str]]:
+    """Every class of the sglang modules the target drives, imported by name (so also on versions the target
+    cannot drive), and the modules this version does not have. Any other import failure is a broken environment."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    modules, missing = [], []
+    for name in SGLANG_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if not (exc.name and name.startswith(exc.name)):  # a dependency is missing, not the module
+                raise EnvironmentBroken(f"static check: importing {name} failed: {exc}") from None
+            missing.append(name)
+        except Exception as exc:  # noqa: BLE001 - sglang raises anything at import when its pins are not met
+            raise EnvironmentBroken(f"static check: importing {name} failed: {type(exc).__name__}: {exc}") from None
+    if _api.BACKEND in missing:
+        raise EnvironmentBroken(f"static check: this sglang has no {_api.BACKEND}")
+    return _module_classes(modules), missing
 
 
 def triage_classes(session) -> list[type]:
-    """The classes triage checks on the source: the backend as built, its metadata and the runners. For
-    the sglang target, every class of the real modules it drives; otherwise the built backend, runner and
-    scheduler classes and every class of their modules."""
-    api = getattr(session, "api", None)
-    if api is not None:
-        try:
-            eager = importlib.import_module(EAGER_RUNNER)
-        except ImportError as exc:
-            raise EnvironmentBroken(f"triage: cannot import {EAGER_RUNNER} for the static check ({exc})") from None
-        modules, explicit = [api.mods[r] for r in SGLANG_ROLES if r in api.mods] + [eager], []
+    """The classes triage checks on the source: for the sglang target every class of the real modules it
+    drives; otherwise the built backend, runner and scheduler classes and every class of their modules."""
+    if getattr(session, "api", None) is not None:
+        return sglang_classes()[0]
+    runner = session.model_runner
+    explicit = [type(runner.attn_backend), type(runner), type(getattr(session, "scheduler", runner))]
+    metadata = getattr(runner.attn_backend, "metadata_cls", None)
+    explicit += [metadata] if isinstance(metadata, type) else []
+    return list(dict.fromkeys(explicit + _module_classes(sys.modules[k.__module__] for k in explicit)))
+
+
+def static_section(reports: list[StaticReport]) -> dict:
+    """The static part of triage.json; each break and each open class is printed as it is reported."""
+    breaks = [b for r in reports for b in r.breaks]
+    unknowable = [o for r in reports for o in r.open]
+    for b in breaks:
+        print(f"[static] {b}")
+    for o in unknowable:
+        print(f"[static/unknowable] {o}")
+    return {"static_breaks": [asdict(b) for b in breaks], "static_unknowable": [asdict(o) for o in unknowable],
+            "static_subclass_hooks": [asdict(h) for r in reports for h in r.hooks],
+            "static_classes": [r.cls for r in reports]}
+
+
+def static_triage(args) -> int:
+    """`triage --static-only`: the source check alone (no object built, no campaign). With --target sglang the
+    modules are imported by name, so it also runs on versions the target cannot drive."""
+    from harness.cli import EXIT_FOUND, EXIT_OK
+    from reports.writers import write_json_atomically
+
+    missing: list[str] = []
+    if args.target == "sglang":
+        from importlib.metadata import version
+
+        classes, missing = sglang_classes()
+        name = f"sglang-{version('sglang')}"
     else:
-        runner = session.model_runner
-        explicit = [type(runner.attn_backend), type(runner), type(getattr(session, "scheduler", runner))]
-        metadata = getattr(runner.attn_backend, "metadata_cls", None)
-        explicit += [metadata] if isinstance(metadata, type) else []
-        modules = [sys.modules[k.__module__] for k in explicit]
-    classes = dict.fromkeys(explicit)
-    for module in modules:
-        classes.update(dict.fromkeys(obj for obj in vars(module).values()
-                                     if inspect.isclass(obj) and obj.__module__ == module.__name__))
-    return list(classes)
+        from harness.case import Batch, Case, Request
+        from harness.device import SimDevice
+        from harness.target import load_target
+
+        target = load_target(args.target, mutant=args.mutant)
+        classes = triage_classes(target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice()))
+        name = getattr(target, "name", args.target)
+    section = static_section(check_classes(classes))
+    path = Path(args.report_dir) / "triage.json"
+    write_json_atomically(path, {"target": name, "static_only": True, "static_missing_modules": missing, **section})
+    print(f"{len(section['static_breaks'])} static break(s) in {len(classes)} classes"
+          f"{f' ({len(missing)} module(s) absent: ' + ', '.join(missing) + ')' if missing else ''}; report: {path}")
+    return EXIT_FOUND if section["static_breaks"] else EXIT_OK

@@ -2,9 +2,10 @@
 
 Each version's wheel is fetched from PyPI without its dependencies; a version whose wheel lacks the DSV4
 backend module is "not applicable" and never installed. The others are installed in turn into one
-environment per requirement set (the CPU requirements of the sglang target and the harness are the same
-for every version, so only the sglang wheel is swapped), and `python -m harness triage --target sglang`
-runs inside it. Its triage.json and exit code give the version's verdict.
+environment (the CPU requirements of the sglang target and the harness; the few pure-Python packages a
+version pins differently, such as transformers, are installed over it for that version, torch stays), and
+`python -m harness triage --target sglang` runs inside it. Its triage.json and exit code give the
+version's verdict; a version the target cannot drive gets `triage --static-only`, the source check alone.
 
 Verdicts, in version order (packaging.version): pass; fail (a contract or static break, or a finding);
 crash (the inner triage died without a report); unsupported (the target cannot drive this version: exit 3
@@ -25,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import EnvironmentBroken, InvalidArgument
@@ -60,7 +63,8 @@ class Installer(Protocol):
     def python_for(self, version: str, wheel: Path) -> Path: ...
 
 
-Triage = Callable[[Path, str, Path], tuple[int, str]]  # (python, version, report dir) -> (exit code, output)
+# (python, version, report dir, static_only=...) -> (exit code, output) of `python -m harness triage`
+Triage = Callable[..., tuple[int, str]]
 
 
 def parse_versions(text: str) -> list[str]:
@@ -114,6 +118,23 @@ def _verdict(version: str, code: int, output: str, report_dir: Path) -> VersionR
     return VersionResult(version, FAIL, summary, report)
 
 
+def _static_verdict(unsupported: VersionResult, code: int, output: str, report_dir: Path) -> VersionResult:
+    """A version the target cannot drive, judged by `triage --static-only`: its static breaks fail it."""
+    version, why = unsupported.version, unsupported.detail
+    path = report_dir / "triage.json"
+    report = json.loads(path.read_text()) if path.is_file() and code in (0, 1) else None
+    if report is None:
+        tail = "\n".join(output.strip().splitlines()[-3:])
+        return VersionResult(version, UNSUPPORTED, f"{why}; the static check did not run either (exit {code}): {tail}")
+    breaks = report.get("static_breaks", [])
+    summary = f"the static check alone: {len(breaks)} static break(s) in {len(report.get('static_classes', []))} classes"
+    if not breaks:
+        return VersionResult(version, UNSUPPORTED, f"{why}; {summary}", report)
+    b = breaks[0]
+    return VersionResult(version, FAIL, f"{summary}; first: {b['cls']}.{b['attribute']} read at {b['file']}:{b['line']} "
+                                        f"(the target cannot drive this version: {why})", report)
+
+
 class VersionTriage:
     """Runs the inner triage for each version, through an installer (PyPI, or a fake in tests)."""
 
@@ -129,8 +150,11 @@ class VersionTriage:
         out = self.report_dir / version
         out.mkdir(parents=True, exist_ok=True)
         (out / "triage.json").unlink(missing_ok=True)
-        code, output = self.triage(python, version, out)
-        return _verdict(version, code, output, out)
+        result = _verdict(version, *self.triage(python, version, out, static_only=False), out)
+        if result.status != UNSUPPORTED:
+            return result
+        (out / "triage.json").unlink(missing_ok=True)  # the target cannot drive it: the source check alone
+        return _static_verdict(result, *self.triage(python, version, out, static_only=True), out)
 
     def failing(self, result: VersionResult, passed_before: bool) -> bool:
         return (result.status in (FAIL, CRASH) or (result.status == UNSUPPORTED and passed_before)
@@ -198,9 +222,41 @@ def project_root() -> Path:
     return root
 
 
+# The torch build the machine provides (requirements-cpu.txt says why it must be the CUDA 2.14.1 one): kept
+# for every version, whatever the version pins.
+KEEP = frozenset({"torch", "torchvision", "triton"})
+
+
+def exact_pins(wheel: Path) -> dict[str, str]:
+    """`name==version` requirements the wheel's METADATA pins unconditionally, by canonical name."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = z.read(meta).decode() if meta else ""
+    pins = {}
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        specs = list(req.specifier)
+        if req.marker is None and len(specs) == 1 and specs[0].operator == "==":
+            pins[canonicalize_name(req.name)] = f"{req.name}=={specs[0].version}"
+    return pins
+
+
+def requirements_for(base: str, wheel: Path) -> str:
+    """The CPU requirements with the version's own exact pins for the packages they name (torch kept)."""
+    pins, lines = exact_pins(wheel), []
+    for line in base.splitlines():
+        text = line.split("#", 1)[0].strip()
+        name = canonicalize_name(Requirement(text).name) if text else None
+        lines.append(pins[name] if name in pins and name not in KEEP else line)
+    return "\n".join(lines) + "\n"
+
+
 class PipInstaller:
-    """Wheels in `cache/wheels`; one venv per requirement set in `cache/env-<hash>`, made once and kept
-    (a marker records a complete install); each version's sglang wheel is installed over the last one."""
+    """Wheels in `cache/wheels`; one venv per CPU requirement set in `cache/env-<hash>`, made once and kept
+    (a marker records a complete install). For each version, the packages it pins differently are installed
+    over the environment's current set (`pinned.txt` records it), then its sglang wheel over the last one."""
 
     def __init__(self, cache_dir: Path, requirements: Path, root: Path, *, run: Command = _run,
                  python: str = sys.executable):
@@ -208,7 +264,7 @@ class PipInstaller:
         if not requirements.is_file():
             raise EnvironmentBroken(f"requirements file {requirements} is missing")
 
-    def _run(self, what: str, cmd: list[str]) -> str:
+    def _run(self, what: str, cmd: list) -> str:
         code, output = self.run_cmd([str(c) for c in cmd])
         if code != 0:
             tail = "\n".join(output.strip().splitlines()[-8:])
@@ -229,19 +285,27 @@ class PipInstaller:
         return found[0]
 
     def environment(self) -> Path:
-        digest = hashlib.sha256(self.requirements.read_bytes() + sys.version.encode()).hexdigest()[:12]
-        env = self.cache / f"env-{digest}"
-        python = env / "bin" / "python"
-        if (env / ".complete").is_file():
-            return python
-        self._run("creating the environment", [self.python, "-m", "venv", "--clear", env])
-        self._run("installing the CPU requirements", [python, "-m", "pip", "install", "-q", "-r", self.requirements])
-        self._run("installing the harness", [python, "-m", "pip", "install", "-q", "--no-deps", "-e", self.root])
-        (env / ".complete").write_text(self.requirements.read_text())
-        return python
+        base = self.requirements.read_text()
+        env = self.cache / f"env-{hashlib.sha256((base + sys.version).encode()).hexdigest()[:12]}"
+        if not (env / ".complete").is_file():
+            self._run("creating the environment", [self.python, "-m", "venv", "--clear", env])
+            self._run("installing the CPU requirements",
+                      [env / "bin" / "python", "-m", "pip", "install", "-q", "-r", self.requirements])
+            self._run("installing the harness",
+                      [env / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "-e", self.root])
+            (env / "pinned.txt").write_text(base)
+            (env / ".complete").write_text("")
+        return env
 
     def python_for(self, version: str, wheel: Path) -> Path:
-        python = self.environment()
+        env = self.environment()
+        python = env / "bin" / "python"
+        wanted = requirements_for(self.requirements.read_text(), wheel)
+        current = set((env / "pinned.txt").read_text().splitlines())
+        changed = [line for line in wanted.splitlines() if line.split("#", 1)[0].strip() and line not in current]
+        if changed:
+            self._run(f"installing sglang {version}'s own pins", [python, "-m", "pip", "install", "-q", *changed])
+            (env / "pinned.txt").write_text(wanted)
         probe = [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"]
         code, installed = self.run_cmd([str(c) for c in probe])
         if code != 0 or installed.strip() != version:
@@ -256,12 +320,13 @@ class PipInstaller:
 def inner_triage(*, examples: int, device: str, root: Path) -> Triage:
     """`python -m harness triage --target sglang` in the version's environment, from the source tree."""
 
-    def run(python: Path, version: str, out: Path) -> tuple[int, str]:
+    def run(python: Path, version: str, out: Path, *, static_only: bool) -> tuple[int, str]:
         cmd = [str(python), "-m", "harness", "triage", "--target", "sglang", "--semantics", "auto",
                "--device", device, "--examples", str(examples), "--report-dir", str(out)]
+        cmd += ["--static-only"] if static_only else []
         proc = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True,
                               env={**os.environ, "TRITON_INTERPRET": "1"})
-        (out / "triage.log").write_text(proc.stdout + proc.stderr)
+        (out / ("static.log" if static_only else "triage.log")).write_text(proc.stdout + proc.stderr)
         return proc.returncode, proc.stdout + proc.stderr
 
     return run

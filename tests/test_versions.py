@@ -23,6 +23,7 @@ from harness.versions import (
     PipInstaller,
     VersionTriage,
     parse_versions,
+    requirements_for,
 )
 
 CLEAN = {"semantics": "0.5.23", "contract_breaks": [], "static_breaks": [], "campaign": {"cases": 5, "findings": []}}
@@ -50,13 +51,13 @@ class FakeInstaller:
         return Path("/env/bin/python")
 
 
-def fake_triage(verdicts: dict[str, tuple[int, dict | None, str]]):
-    """The inner triage: exit code, the triage.json it writes (or none), its output."""
+def fake_triage(verdicts: dict[str, tuple[int, dict | None, str]], static: dict | None = None):
+    """The inner triage: exit code, the triage.json it writes (or none), its output; `static` for --static-only."""
     ran = []
 
-    def run(python, version, out):
+    def run(python, version, out, *, static_only):
         ran.append(version)
-        code, report, output = verdicts[version]
+        code, report, output = (static or {})[version] if static_only else verdicts[version]
         if report is not None:
             (out / "triage.json").write_text(json.dumps(report))
         return code, output
@@ -65,9 +66,9 @@ def fake_triage(verdicts: dict[str, tuple[int, dict | None, str]]):
     return run
 
 
-def triage(tmp_path, verdicts, *, without_backend=(), missing_fails=False):
+def triage(tmp_path, verdicts, *, static=None, without_backend=(), missing_fails=False):
     installer = FakeInstaller(tmp_path, without_backend)
-    inner = fake_triage(verdicts)
+    inner = fake_triage(verdicts, static)
     return VersionTriage(installer, inner, tmp_path / "report", missing_fails=missing_fails), installer, inner
 
 
@@ -109,13 +110,29 @@ def test_a_version_without_the_backend_is_not_applicable_unless_asked(tmp_path):
     assert asked.run(["0.5.17", "0.5.23"]).first_failing == "0.5.17"
 
 
-def test_a_version_the_target_cannot_drive_fails_only_after_one_passed(tmp_path):
-    lacks = (3, None, "...\nerror: --target sglang: the installed sglang 0.5.18 lacks AttentionBackend.resolve\n")
-    runner, _, _ = triage(tmp_path, {"0.5.18": lacks, "0.5.19": (0, CLEAN, ""), "0.5.20": lacks})
+STATIC_CLEAN = {"static_only": True, "static_breaks": [], "static_classes": ["DeepseekV4AttnBackend"]}
+STATIC_BROKEN = {**STATIC_CLEAN, "static_breaks": BROKEN["static_breaks"]}
+LACKS = (3, None, "...\nerror: --target sglang: the installed sglang 0.5.18 lacks AttentionBackend.resolve\n")
+
+
+def test_a_version_the_target_cannot_drive_gets_the_static_check_and_fails_only_after_one_passed(tmp_path):
+    runner, _, inner = triage(tmp_path, {"0.5.18": LACKS, "0.5.19": (0, CLEAN, ""), "0.5.20": LACKS},
+                              static={"0.5.18": (0, STATIC_CLEAN, ""), "0.5.20": (0, STATIC_CLEAN, "")})
     outcome = runner.run(["0.5.18", "0.5.19", "0.5.20"])
+    assert inner.ran == ["0.5.18", "0.5.18", "0.5.19", "0.5.20", "0.5.20"]
     assert [r.status for r in outcome.results] == [UNSUPPORTED, PASS, UNSUPPORTED]
-    assert outcome.results[0].detail == "--target sglang: the installed sglang 0.5.18 lacks AttentionBackend.resolve"
+    assert outcome.results[0].detail == ("--target sglang: the installed sglang 0.5.18 lacks AttentionBackend.resolve; "
+                                         "the static check alone: 0 static break(s) in 1 classes")
     assert (outcome.first_failing, outcome.last_passing) == ("0.5.20", "0.5.19")
+
+
+def test_a_static_break_fails_a_version_the_target_cannot_drive(tmp_path):
+    runner, _, _ = triage(tmp_path, {"0.5.18": LACKS, "0.5.19": LACKS},
+                          static={"0.5.18": (0, STATIC_CLEAN, ""), "0.5.19": (1, STATIC_BROKEN, "")})
+    outcome = runner.run(["0.5.18", "0.5.19"])
+    assert [r.status for r in outcome.results] == [UNSUPPORTED, FAIL] and outcome.first_failing == "0.5.19"
+    assert "first: DeepseekV4AttnBackend.token_to_kv_pool read at" in outcome.results[1].detail
+    assert "the target cannot drive this version" in outcome.results[1].detail
 
 
 def test_a_crash_without_a_report_fails_and_a_silent_pass_is_refused(tmp_path):
@@ -165,12 +182,26 @@ def test_a_broken_install_is_environment_broken_with_pip_s_reason(tmp_path):
 
     installer = PipInstaller(tmp_path / "cache", requirements, tmp_path, run=requirements_fail)
     with pytest.raises(EnvironmentBroken, match="(?s)installing the CPU requirements failed.*No matching distribution"):
-        installer.python_for("0.5.23", tmp_path / "sglang-0.5.23-py3-none-any.whl")
+        installer.python_for("0.5.23", wheel_with_pins(tmp_path, "0.5.23"))
 
 
-def test_the_installed_version_is_checked_and_only_the_wheel_is_swapped(tmp_path):
+def wheel_with_pins(folder: Path, version: str, *pins: str) -> Path:
+    path = folder / f"sglang-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"sglang-{version}.dist-info/METADATA", "Name: sglang\n" + "".join(
+            f"Requires-Dist: {p}\n" for p in pins) + "Requires-Dist: flashinfer; extra == 'cuda'\n")
+    return path
+
+
+def test_requirements_take_the_version_s_pins_but_keep_torch(tmp_path):
+    wheel = wheel_with_pins(tmp_path, "0.5.19", "torch==2.13.0", "Transformers==5.12.1", "numpy>=1")
+    base = "# comment\ntorch==2.14.1\ntransformers==5.19.0\nnumpy\n"
+    assert requirements_for(base, wheel) == "# comment\ntorch==2.14.1\nTransformers==5.12.1\nnumpy\n"
+
+
+def test_one_environment_the_version_s_pins_over_it_and_the_wheel_swapped(tmp_path):
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text("torch\n")
+    requirements.write_text("torch==2.14.1\ntransformers==5.19.0\n")
     commands, installed = [], {"version": "0.5.22"}
 
     def pip(cmd):
@@ -182,16 +213,18 @@ def test_the_installed_version_is_checked_and_only_the_wheel_is_swapped(tmp_path
         return 0, installed["version"] + "\n" if cmd[1] == "-c" else ""
 
     installer = PipInstaller(tmp_path / "cache", requirements, tmp_path, run=pip)
-    installer.python_for("0.5.23", tmp_path / "sglang-0.5.23-py3-none-any.whl")
-    made = sum(c[1:3] == ["-m", "venv"] for c in commands)
-    installer.python_for("0.5.21", tmp_path / "sglang-0.5.21-py3-none-any.whl")
-    assert made == 1 and sum(c[1:3] == ["-m", "venv"] for c in commands) == 1  # one environment, reused
-    assert [Path(c[-1]).name for c in commands if "--force-reinstall" in c] == [
-        "sglang-0.5.23-py3-none-any.whl", "sglang-0.5.21-py3-none-any.whl"]
+    for version, pins in (("0.5.23", ["transformers==5.19.0"]), ("0.5.21", ["transformers==5.12.1"]),
+                          ("0.5.20", ["transformers==5.12.1"])):
+        installer.python_for(version, wheel_with_pins(tmp_path, version, *pins))
+    assert sum(c[1:3] == ["-m", "venv"] for c in commands) == 1  # one environment, reused
+    assert [c[5:] for c in commands if c[3:5] == ["install", "-q"] and "transformers" in " ".join(c)] == [
+        ["transformers==5.12.1"]]  # 0.5.21's pin installed once; 0.5.20 pins the same
+    assert [Path(c[-1]).name.split("-")[1] for c in commands if "--force-reinstall" in c] == [
+        "0.5.23", "0.5.21", "0.5.20"]
 
     def stale(cmd):
         return 0, "0.5.22\n" if cmd[1] == "-c" else ""
 
     with pytest.raises(EnvironmentBroken, match="sglang 0.5.23 was installed but the environment reports '0.5.22'"):
         PipInstaller(tmp_path / "cache", requirements, tmp_path, run=stale).python_for(
-            "0.5.23", tmp_path / "sglang-0.5.23-py3-none-any.whl")
+            "0.5.23", wheel_with_pins(tmp_path, "0.5.23"))
