@@ -89,6 +89,12 @@ def test_triage_checks_the_built_classes_and_reports_static_breaks(planted, tmp_
     report = json.loads((tmp_path / "report" / "triage.json").read_text())
     assert [b["attribute"] for b in report["static_breaks"]] == ["token_to_kv_pool"]
 
+    code = main(["triage", "--target", "planted_target:make", "--static-only", "--report-dir", str(tmp_path / "so")])
+    assert code == 1 and "[static] DeepseekV4AttnBackend.token_to_kv_pool" in capsys.readouterr().out
+    report = json.loads((tmp_path / "so" / "triage.json").read_text())
+    assert report["static_only"] and [b["attribute"] for b in report["static_breaks"]] == ["token_to_kv_pool"]
+    assert main(["triage", "--static-only", "--report-dir", str(tmp_path / "clean")]) == 0
+
 
 # -- every way of creating an attribute: with it the class is quiet, without it `x` is a break ----------------
 

@@ -8,6 +8,7 @@ Needs sglang 0.5.23 and its CPU import deps (see harness/sglang_target/__init__.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -82,3 +83,14 @@ def test_the_planted_break_in_a_copy_of_the_real_backend(planted_module):
     assert (b.method, b.file, b.line) == ("DeepseekV4AttnBackend.__init__", str(path), first_read)
     assert {h.attribute for h in report.hooks} == {h.attribute for h in check_class(
         sys.modules["sglang.srt.layers.attention.deepseek_v4_backend"].DeepseekV4AttnBackend).hooks}
+
+
+def test_static_only_triage_imports_the_modules_by_name(api, tmp_path, capsys):
+    from harness.cli import main
+
+    assert main(["triage", "--target", "sglang", "--static-only", "--report-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "triage.json").read_text())
+    assert report["target"] == f"sglang-{api.version}" and report["static_only"]
+    assert report["static_breaks"] == [] and report["static_unknowable"] == []
+    assert "DeepseekV4AttnBackend" in report["static_classes"] and report["static_missing_modules"] == []
+    assert "0 static break(s)" in capsys.readouterr().out
