@@ -86,18 +86,20 @@ class StaticReport:
 
 # -- source access ---------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=256)
-def _parsed(file: str, size: int) -> ast.Module | None:
-    """One parse per file (inspect re-parses the whole module for every class it is asked about)."""
-    try:
-        return ast.parse("".join(linecache.getlines(file)) or Path(file).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return None
+_TREES: dict[str, tuple[str, ast.Module | None]] = {}
 
 
 def _module_tree(file: str) -> ast.Module | None:
+    """One parse per file version (inspect re-parses the whole module for every class it is asked about)."""
     linecache.checkcache(file)
-    return _parsed(file, len(linecache.getlines(file)))
+    text = "".join(linecache.getlines(file))
+    if file not in _TREES or _TREES[file][0] != text:
+        try:
+            tree = ast.parse(text) if text else None
+        except (SyntaxError, ValueError):
+            tree = None
+        _TREES[file] = (text, tree)
+    return _TREES[file][1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -139,6 +141,8 @@ def _unwrap(value) -> list:
     """The Python functions behind a class attribute: a method, a static/class method, a property's."""
     if isinstance(value, (staticmethod, classmethod)):
         value = value.__func__
+    if isinstance(value, functools.cached_property):
+        value = value.func
     if isinstance(value, property):
         return [f for f in (value.fget, value.fset, value.fdel) if inspect.isfunction(f)]
     return [value] if inspect.isfunction(value) else []
