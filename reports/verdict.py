@@ -133,4 +133,5 @@ def _first_problem(run, status: str) -> str:
 
 
 def _headline(reasons: list[str]) -> str:
-    return reasons[0] + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else "")
+    """One line: the first reason, cut short (the page lists them all in full)."""
+    return _first_line(reasons[0], 150) + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else "")
