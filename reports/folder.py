@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.errors import InvalidArgument
 
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
-NIGHTLY = "nightly.json"
+NIGHTLY, VERSIONS = "nightly.json", "versions.json"
 STEP_OUTCOMES = ("clean", "found", "broken", "skipped")
 PYTEST_JUNIT = "junit-pytest.xml"
 EXAMPLES = "examples"
@@ -62,13 +62,14 @@ class ReportFolder:
     sanitizer: dict | None = None
     kernel: dict | None = None  # {"rows": [flat rows], "meta": {fact: value}}, whatever shape the file had
     nightly: dict | None = None
+    versions: dict | None = None
     pytest: PytestRun | None = None
     examples: int | None = None  # entries in the hypothesis example database, None when there is none
 
     @property
     def empty(self) -> bool:
         return not any((self.summary, self.mutants is not None, self.triage, self.sanitizer, self.kernel, self.pytest,
-                        self.nightly))
+                        self.nightly, self.versions))
 
 
 class _Check:
@@ -193,17 +194,42 @@ def check_mutants(check: _Check, data) -> list[dict]:
 
 
 def check_triage(check: _Check, data) -> dict:
-    """harness/cli.py cmd_triage: the contract breaks, then a short campaign."""
+    """harness/cli.py cmd_triage: the contract breaks on the built object, the static breaks on the
+    source, then a short campaign; `triage --static-only` writes the static part alone."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
-    for key in ("target", "device", "semantics"):
-        check.need(data, key, "str")
-    for prefix, b in check.items(data, "contract_breaks"):
+    check.need(data, "target", "str")
+    static_only = check.need(data, "static_only", "bool", optional=True)
+    for key in ("device", "semantics"):
+        check.need(data, key, "str", optional=static_only)
+    for prefix, b in check.items(data, "contract_breaks", optional=static_only):
         for key in ("cls", "attribute", "file"):
             check.need(b, key, "str", prefix)
         check.need(b, "line", "int", prefix)
         list(check.items(b, "call_path", prefix, kind="str"))
-    return {**data, "campaign": check_summary(check, check.need(data, "campaign", "object"), "campaign.")}
+    for prefix, b in check.items(data, "static_breaks", optional=True):
+        for key in ("cls", "attribute", "method", "file"):
+            check.need(b, key, "str", prefix)
+        check.need(b, "line", "int", prefix)
+    for prefix, o in check.items(data, "static_unknowable", optional=True):
+        for key in ("cls", "reason", "file"):
+            check.need(o, key, "str", prefix)
+    list(check.items(data, "static_missing_modules", optional=True, kind="str"))
+    campaign = check.need(data, "campaign", "object", optional=static_only)
+    return {"contract_breaks": [], "static_breaks": [], "static_unknowable": [], "static_missing_modules": [], **data,
+            "campaign": campaign and check_summary(check, campaign, "campaign.")}
+
+
+def check_versions(check: _Check, data) -> dict:
+    """harness/versions.py (`triage --versions`): the triage outcome per sglang version, and the first that broke."""
+    if not isinstance(data, dict):
+        check.fail("the top level must be an object")
+    check.need(data, "first_failing", "str", nullable=True)
+    check.need(data, "last_passing", "str", nullable=True)
+    for prefix, row in check.items(data, "versions"):
+        for key in ("version", "status", "detail"):
+            check.need(row, key, "str", prefix)
+    return data
 
 
 def check_sanitizer(check: _Check, data) -> dict:
@@ -328,7 +354,8 @@ def load_folder(path: Path, pytest_junit: Path | None = None) -> ReportFolder:
     folder = ReportFolder(path)
     for name, attr, check in ((SUMMARY, "summary", check_summary), (MUTANTS, "mutants", check_mutants),
                               (TRIAGE, "triage", check_triage), (SANITIZER, "sanitizer", check_sanitizer),
-                              (KERNEL, "kernel", check_kernel), (NIGHTLY, "nightly", check_nightly)):
+                              (KERNEL, "kernel", check_kernel), (NIGHTLY, "nightly", check_nightly),
+                              (VERSIONS, "versions", check_versions)):
         file = path / name
         if file.is_file():
             setattr(folder, attr, check(_Check(name), _read_json(file)))

@@ -98,7 +98,9 @@ def render_html(folder: ReportFolder) -> str:
         folder=folder,
         verdict=judge(folder),
         campaign=_campaign_context(folder.summary) if folder.summary else None,
-        triage=folder.triage and {**folder.triage, "context": _campaign_context(folder.triage["campaign"], False)},
+        triage=folder.triage and {**folder.triage, "context": folder.triage["campaign"] and
+                                  _campaign_context(folder.triage["campaign"], False)},
+        versions=folder.versions,
         mutants=folder.mutants,
         mutants_plot=plots.detection_times(folder.mutants) if folder.mutants else None,
         sanitizer=sanitizer and {

@@ -74,15 +74,22 @@ def judge(folder: ReportFolder) -> Verdict:
         broken += b
         ran.append(f"{folder.summary['cases']} campaign cases")
     if folder.triage is not None:
-        breaks = folder.triage["contract_breaks"]
-        if breaks:
-            first = breaks[0]
-            found.append(f"triage: {len(breaks)} contract break(s); first {first['cls']}.{first['attribute']} "
-                         f"missing ({first['file']}:{first['line']})")
-        f, b = campaign_reasons(folder.triage["campaign"], "triage campaign")
-        found += f
-        broken += b
+        for kind in ("contract", "static"):
+            breaks = folder.triage[f"{kind}_breaks"]
+            if breaks:
+                first = breaks[0]
+                found.append(f"triage: {len(breaks)} {kind} break(s); first {first['cls']}.{first['attribute']} "
+                             f"missing ({first['file']}:{first['line']})")
+        if folder.triage["campaign"] is not None:
+            f, b = campaign_reasons(folder.triage["campaign"], "triage campaign")
+            found += f
+            broken += b
         ran.append("triage")
+    if folder.versions is not None:
+        if folder.versions["first_failing"]:
+            found.append(f"versions: the first failing version is {folder.versions['first_failing']} "
+                         f"(last passing: {folder.versions['last_passing'] or 'none'})")
+        ran.append(f"{len(folder.versions['versions'])} versions")
     if folder.mutants is not None:
         alive = [r["name"] for r in folder.mutants if not r["killed"]]
         if not folder.mutants:

@@ -213,6 +213,28 @@ def test_telemetry_as_the_run_command_writes_it(tmp_path):
         load_folder(write_folder(tmp_path / "bad", summary_json=summary(telemetry={"seconds": 1.0})))
 
 
+def test_static_only_triage_and_versions_as_their_commands_write_them(tmp_path):
+    from dataclasses import asdict
+
+    from harness.static_contracts import StaticBreak
+    from harness.versions import VersionResult, VersionsOutcome
+
+    broke = StaticBreak("DeepseekV4AttnBackend", "token_to_kv_pool", "init_forward_metadata", "backend.py", 88)
+    triage = {"target": "sglang-0.5.23", "static_only": True, "static_missing_modules": [],
+              "static_breaks": [asdict(broke)], "static_unknowable": [], "static_subclass_hooks": [], "static_classes": []}
+    versions = VersionsOutcome([VersionResult("0.5.22", "pass", "0 breaks"), VersionResult("0.5.23", "fail", "1 break")],
+                               first_failing="0.5.23", last_passing="0.5.22").to_json()
+    folder = load_folder(write_folder(tmp_path, triage_json=triage, versions_json=versions))
+    verdict = judge(folder)
+    assert verdict.status == FOUND and "1 static break(s); first DeepseekV4AttnBackend.token_to_kv_pool" in verdict.reason
+    assert "the first failing version is 0.5.23 (last passing: 0.5.22)" in verdict.found[1]
+    page = render_html(folder)
+    assert "static check of the source only" in page and "init_forward_metadata" in page and "1 break" in page
+    with pytest.raises(ReportError, match="triage.json: missing field 'campaign'"):
+        load_folder(write_folder(tmp_path, triage_json={**triage, "static_only": False, "device": "cpu",
+                                                        "semantics": "pr", "contract_breaks": []}))
+
+
 # -- the verdict ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("files,status,needle", [
