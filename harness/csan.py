@@ -74,7 +74,7 @@ class CsanObserver:
 def _describe(error) -> CsanError:
     current, previous = error.current_access, error.previous_access
     kind = f"{_access(current.type)} after {_access(previous.type)}"
-    return CsanError(current.operator, previous.operator, current.stream, previous.stream, kind)
+    return CsanError(str(current.operator), str(previous.operator), current.stream, previous.stream, kind)
 
 
 def _access(access_type) -> str:
