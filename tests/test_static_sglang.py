@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 
 pytest.importorskip("sglang", reason="the sglang package is not installed: the static check on sglang needs "
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
+
+from harness.sglang_target._api import prepare_triton
+
+# As the target chooses, and only where sglang is here: a process-wide TRITON_INTERPRET set at
+# collection would make every later Triton kernel of the run (and its child processes) interpreted.
+prepare_triton()
 
 from harness.case import Batch, Case, Request
 from harness.device import SimDevice
