@@ -78,7 +78,7 @@ def _describe(error) -> CsanError:
 
 
 def _access(access_type) -> str:
-    return "write" if "WRITE" in str(access_type).upper() else "read"
+    return "write" if access_type.name == "WRITE" else "read"
 
 
 @dataclass

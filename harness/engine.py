@@ -86,7 +86,8 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         world = build_world(case, index, sizes)
         record.worlds.append(world)
         began = time.perf_counter()
-        fb = session.load(world)
+        with device.stream(device.forward_stream):  # the batch's inputs are ordered before the forward reads them
+            fb = session.load(world)
         record.setup_seconds += time.perf_counter() - began
         session.current_batch = fb
         mutator = Mutator(world, session, device, poison_ok=poison_ok)
