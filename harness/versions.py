@@ -87,14 +87,19 @@ def ships_backend(wheel: Path) -> bool:
         raise EnvironmentBroken(f"{wheel} is not a wheel (a partial download?): delete it and run again") from None
 
 
+def _error_line(output: str) -> str:
+    """The CLI's `error: ...` line (what exit 3 says is missing), else the output's last lines."""
+    lines = output.strip().splitlines()
+    return next((line[len("error: "):] for line in lines[::-1] if line.startswith("error: ")),
+                "\n".join(lines[-3:]))
+
+
 def _verdict(version: str, code: int, output: str, report_dir: Path) -> VersionResult:
     path = report_dir / "triage.json"
     report = json.loads(path.read_text()) if path.is_file() else None
     tail = "\n".join(output.strip().splitlines()[-5:])
     if code == 3:
-        reason = next((line[len("error: "):] for line in output.splitlines()[::-1] if line.startswith("error: ")),
-                      tail)
-        return VersionResult(version, UNSUPPORTED, reason)
+        return VersionResult(version, UNSUPPORTED, _error_line(output))
     if code == 2:
         raise EnvironmentBroken(f"sglang {version}: the inner `python -m harness triage` rejected its arguments "
                                 f"(the harness installed there is not this one?):\n{tail}")
@@ -124,8 +129,8 @@ def _static_verdict(unsupported: VersionResult, code: int, output: str, report_d
     path = report_dir / "triage.json"
     report = json.loads(path.read_text()) if path.is_file() and code in (0, 1) else None
     if report is None:
-        tail = "\n".join(output.strip().splitlines()[-3:])
-        return VersionResult(version, UNSUPPORTED, f"{why}; the static check did not run either (exit {code}): {tail}")
+        return VersionResult(version, UNSUPPORTED,
+                             f"{why}; the static check did not run either (exit {code}): {_error_line(output)}")
     breaks = report.get("static_breaks", [])
     summary = f"the static check alone: {len(breaks)} static break(s) in {len(report.get('static_classes', []))} classes"
     if not breaks:

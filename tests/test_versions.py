@@ -228,3 +228,11 @@ def test_one_environment_the_version_s_pins_over_it_and_the_wheel_swapped(tmp_pa
     with pytest.raises(EnvironmentBroken, match="sglang 0.5.23 was installed but the environment reports '0.5.22'"):
         PipInstaller(tmp_path / "cache", requirements, tmp_path, run=stale).python_for(
             "0.5.23", wheel_with_pins(tmp_path, "0.5.23"))
+
+
+def test_a_version_whose_modules_do_not_import_says_why_the_static_check_did_not_run(tmp_path):
+    failed = (3, None, "UserWarning: ...\nerror: static check: importing x failed: No module named 'xgrammar'\n")
+    runner, _, _ = triage(tmp_path, {"0.5.17": LACKS}, static={"0.5.17": failed})
+    (result,) = runner.run(["0.5.17"]).results
+    assert result.status == UNSUPPORTED and result.detail.endswith(
+        "the static check did not run either (exit 3): static check: importing x failed: No module named 'xgrammar'")
