@@ -182,6 +182,7 @@ def cmd_run(args) -> int:
         print(f"  found after {result.first_detection_examples} example(s), {result.first_detection_seconds:.2f}s")
         print(f"  replay: {result.minimal.replay}")
     print(f"summary: {report_dir / summary_name}")
+    _render(report_dir)
     return EXIT_FOUND if result.findings else EXIT_OK
 
 
@@ -197,6 +198,14 @@ def _isolate(value: str, device: str):
     if seconds <= 0:
         raise InvalidArgument(f"--isolate={value!r}: a timeout in seconds > 0, off, or auto")
     return seconds
+
+
+def _render(report_dir: Path) -> None:
+    """Every command leaves a page beside its JSON (the folder's verdict is printed by `harness report`)."""
+    from reports.cli import render_folder
+
+    render_folder(report_dir)
+    print(f"page: {report_dir / 'index.html'}")
 
 
 def cmd_replay(args) -> int:
@@ -243,8 +252,10 @@ def cmd_mutants(args) -> int:
     from harness.corpus import run_kill_table
 
     semantics = _semantics(args.semantics)
-    return run_kill_table(device=args.device, examples=args.examples, semantics=semantics,
+    code = run_kill_table(device=args.device, examples=args.examples, semantics=semantics,
                           report_dir=Path(args.report_dir), only=args.only)
+    _render(Path(args.report_dir))
+    return code
 
 
 def cmd_triage(args) -> int:

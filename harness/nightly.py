@@ -96,10 +96,15 @@ def run(args) -> int:
                  semantics=args.semantics, skip=skip)
     code = run_steps(steps, skip)
     write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "steps": [asdict(s) for s in steps]})
+    # The page's own verdict counts too: a surviving mutant or a missed planted bug is BROKEN (exit 3).
+    began = time.time()
     rendered = subprocess.run([sys.executable, "-m", "harness", "report", str(report_dir)]).returncode
-    if rendered not in (EXIT_OK, EXIT_FOUND):
-        print(f"error: the report could not be rendered (exit {rendered})", file=sys.stderr)
+    index = report_dir / "index.html"
+    if rendered == EXIT_USAGE or not index.is_file() or index.stat().st_mtime < began - 1:
+        print(f"error: the report could not be rendered (exit {rendered}): see the message above", file=sys.stderr)
         code = EXIT_ENV
+    else:
+        code = max(code, rendered)
     print(f"nightly: exit {code}; report: {report_dir / 'index.html'}; replay the campaign's failures with: "
           f"python -m harness run --device {args.device} --profile nightly --report-dir {report_dir} --from-db")
     return code
