@@ -47,13 +47,8 @@ def cases_over_time(log: list[dict]) -> str | None:
     if first:
         ax.annotate(f"first finding: case {first['i']}, {first['t']:.2f} s", (first["t"], first["i"]),
                     xytext=(-12, -12), textcoords="offset points", ha="right", va="top", color=FOUND_COLOUR)
-    ax.set_xlabel("seconds since the campaign started")
-    ax.set_ylabel("cases judged")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("Cases over time, by outcome")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-    return _svg(fig, "cases")
+    return _counted_axes(fig, ax, "seconds since the campaign started", "cases judged", "Cases over time, by outcome",
+                         "cases")
 
 
 def geometry(log: list[dict]) -> str | None:
@@ -71,13 +66,19 @@ def geometry(log: list[dict]) -> str | None:
     tokens = [r["tokens"] for r in log]
     if max(tokens) > 50 * max(1, min(tokens)):
         ax.set_xscale("symlog", linthresh=1)  # log-like, and an IDLE case's 0 tokens stays on the plot
-    ax.set_xlabel("tokens in the case (all batches)")
-    ax.set_ylabel("requests in the case")
+    return _counted_axes(fig, ax, "tokens in the case (all batches)", "requests in the case",
+                         "Geometry covered (area: number of cases)", "geometry")
+
+
+def _counted_axes(fig, ax, xlabel: str, ylabel: str, title: str, name: str) -> str:
+    """A scatter whose y axis counts things: integer ticks, a light grid, the legend top left."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("Geometry covered (area: number of cases)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
-    return _svg(fig, "geometry")
+    return _svg(fig, name)
 
 
 def detection_times(rows: list[dict]) -> str | None:
