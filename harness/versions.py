@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -34,6 +35,7 @@ from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sglang_target._api import BACKEND
 
 BACKEND_FILE = BACKEND.replace(".", "/") + ".py"
+MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 PASS, FAIL, CRASH, UNSUPPORTED, NOT_APPLICABLE, NOT_RUN = (
     "pass", "fail", "crash", "unsupported", "not applicable", "not run")
 
@@ -61,6 +63,9 @@ class Installer(Protocol):
     def wheel(self, version: str) -> Path: ...
 
     def python_for(self, version: str, wheel: Path) -> Path: ...
+
+    def install_missing(self, version: str, wheel: Path, module: str) -> bool:
+        """Install the version's own requirement that provides `module`; False if it has none."""
 
 
 # (python, version, report dir, static_only=...) -> (exit code, output) of `python -m harness triage`
@@ -154,12 +159,24 @@ class VersionTriage:
         python = self.installer.python_for(version, wheel)
         out = self.report_dir / version
         out.mkdir(parents=True, exist_ok=True)
-        (out / "triage.json").unlink(missing_ok=True)
-        result = _verdict(version, *self.triage(python, version, out, static_only=False), out)
+        result = _verdict(version, *self._triage(python, version, wheel, out, static_only=False), out)
         if result.status != UNSUPPORTED:
             return result
-        (out / "triage.json").unlink(missing_ok=True)  # the target cannot drive it: the source check alone
-        return _static_verdict(result, *self.triage(python, version, out, static_only=True), out)
+        # The target cannot drive it: the source check alone.
+        return _static_verdict(result, *self._triage(python, version, wheel, out, static_only=True), out)
+
+    def _triage(self, python: Path, version: str, wheel: Path, out: Path, *, static_only: bool) -> tuple[int, str]:
+        """The inner triage; where it cannot import a module the version itself requires (older versions
+        import xgrammar, say), that requirement is installed and the triage run again."""
+        tried: set[str] = set()
+        while True:
+            (out / "triage.json").unlink(missing_ok=True)
+            code, output = self.triage(python, version, out, static_only=static_only)
+            missing = MISSING_MODULE.search(output) if code == 3 else None
+            module = missing.group(1).split(".")[0] if missing else None
+            if module is None or module in tried or not self.installer.install_missing(version, wheel, module):
+                return code, output
+            tried.add(module)
 
     def failing(self, result: VersionResult, passed_before: bool) -> bool:
         return (result.status in (FAIL, CRASH) or (result.status == UNSUPPORTED and passed_before)
@@ -232,19 +249,23 @@ def project_root() -> Path:
 KEEP = frozenset({"torch", "torchvision", "triton"})
 
 
-def exact_pins(wheel: Path) -> dict[str, str]:
-    """`name==version` requirements the wheel's METADATA pins unconditionally, by canonical name."""
+def wheel_requirements(wheel: Path) -> dict[str, Requirement]:
+    """The requirements the wheel's METADATA states unconditionally (no marker, no extra), by canonical name."""
     with zipfile.ZipFile(wheel) as z:
         meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
         text = z.read(meta).decode() if meta else ""
+    reqs = (Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines()
+            if line.startswith("Requires-Dist:"))
+    return {canonicalize_name(r.name): r for r in reqs if r.marker is None}
+
+
+def exact_pins(wheel: Path) -> dict[str, str]:
+    """`name==version` requirements the wheel pins, by canonical name."""
     pins = {}
-    for line in text.splitlines():
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = Requirement(line.split(":", 1)[1].strip())
+    for name, req in wheel_requirements(wheel).items():
         specs = list(req.specifier)
-        if req.marker is None and len(specs) == 1 and specs[0].operator == "==":
-            pins[canonicalize_name(req.name)] = f"{req.name}=={specs[0].version}"
+        if len(specs) == 1 and specs[0].operator == "==":
+            pins[name] = f"{req.name}=={specs[0].version}"
     return pins
 
 
@@ -261,7 +282,8 @@ def requirements_for(base: str, wheel: Path) -> str:
 class PipInstaller:
     """Wheels in `cache/wheels`; one venv per CPU requirement set in `cache/env-<hash>`, made once and kept
     (a marker records a complete install). For each version, the packages it pins differently are installed
-    over the environment's current set (`pinned.txt` records it), then its sglang wheel over the last one."""
+    over the environment's current set (`pinned.txt` records it), then its sglang wheel over the last one; a
+    module the version imports but the CPU set lacks is installed, as the version requires it, on demand."""
 
     def __init__(self, cache_dir: Path, requirements: Path, root: Path, *, run: Command = _run,
                  python: str = sys.executable):
@@ -301,6 +323,14 @@ class PipInstaller:
             (env / "pinned.txt").write_text(base)
             (env / ".complete").write_text("")
         return env
+
+    def install_missing(self, version: str, wheel: Path, module: str) -> bool:
+        req = wheel_requirements(wheel).get(canonicalize_name(module))
+        if req is None or canonicalize_name(req.name) in KEEP:
+            return False
+        python = self.environment() / "bin" / "python"
+        self._run(f"installing {req} (sglang {version} imports {module})", [python, "-m", "pip", "install", "-q", str(req)])
+        return True
 
     def python_for(self, version: str, wheel: Path) -> Path:
         env = self.environment()

@@ -50,6 +50,10 @@ class FakeInstaller:
         self.installed.append(version)
         return Path("/env/bin/python")
 
+    def install_missing(self, version: str, wheel: Path, module: str) -> bool:
+        self.installed.append(f"{version}:{module}")
+        return module == "xgrammar"
+
 
 def fake_triage(verdicts: dict[str, tuple[int, dict | None, str]], static: dict | None = None):
     """The inner triage: exit code, the triage.json it writes (or none), its output; `static` for --static-only."""
@@ -57,7 +61,8 @@ def fake_triage(verdicts: dict[str, tuple[int, dict | None, str]], static: dict 
 
     def run(python, version, out, *, static_only):
         ran.append(version)
-        code, report, output = (static or {})[version] if static_only else verdicts[version]
+        verdict = (static or {})[version] if static_only else verdicts[version]
+        code, report, output = verdict.pop(0) if isinstance(verdict, list) else verdict
         if report is not None:
             (out / "triage.json").write_text(json.dumps(report))
         return code, output
@@ -236,3 +241,35 @@ def test_a_version_whose_modules_do_not_import_says_why_the_static_check_did_not
     (result,) = runner.run(["0.5.17"]).results
     assert result.status == UNSUPPORTED and result.detail.endswith(
         "the static check did not run either (exit 3): static check: importing x failed: No module named 'xgrammar'")
+
+
+def test_a_module_the_version_requires_is_installed_and_the_triage_run_again(tmp_path):
+    no_xgrammar = (3, None, "error: cannot import x (ModuleNotFoundError: No module named 'xgrammar.grammar')\n")
+    no_other = (3, None, "error: cannot import x (ModuleNotFoundError: No module named 'uvloop')\n")
+    runner, installer, inner = triage(tmp_path, {"0.5.19": [no_xgrammar, LACKS], "0.5.20": no_other},
+                                      static={"0.5.19": (0, STATIC_CLEAN, ""), "0.5.20": no_other})
+    outcome = runner.run(["0.5.19", "0.5.20"])
+    assert inner.ran == ["0.5.19", "0.5.19", "0.5.19", "0.5.20", "0.5.20"]
+    assert installer.installed == ["0.5.19", "0.5.19:xgrammar", "0.5.20", "0.5.20:uvloop", "0.5.20:uvloop"]
+    assert outcome.results[0].detail.endswith("the static check alone: 0 static break(s) in 1 classes")
+    assert "No module named 'uvloop'" in outcome.results[1].detail
+
+
+def test_the_installer_installs_what_the_version_requires_for_a_missing_module(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("torch==2.14.1\n")
+    commands = []
+
+    def pip(cmd):
+        commands.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
+        return 0, ""
+
+    installer = PipInstaller(tmp_path / "cache", requirements, tmp_path, run=pip)
+    wheel = wheel_with_pins(tmp_path, "0.5.19", "xgrammar==0.2.1", "torch==2.13.0")
+    assert installer.install_missing("0.5.19", wheel, "xgrammar") and commands[-1][3:] == ["install", "-q", "xgrammar==0.2.1"]
+    made = len(commands)
+    assert not installer.install_missing("0.5.19", wheel, "uvloop")  # not a requirement of the version
+    assert not installer.install_missing("0.5.19", wheel, "torch")  # the machine's torch stays
+    assert len(commands) == made
