@@ -7,10 +7,11 @@ version pins differently, such as transformers, are installed over it for that v
 `python -m harness triage --target sglang` runs inside it. Its triage.json and exit code give the
 version's verdict; a version the target cannot drive gets `triage --static-only`, the source check alone.
 
-Verdicts, in version order (packaging.version): pass; fail (a contract or static break, or a finding);
-crash (the inner triage died without a report); unsupported (the target cannot drive this version: exit 3
-with the reason) which counts as failing only after a version passed (the interface went away), and is
-not applicable before one; not applicable (no DSV4 backend module), failing only when asked.
+Verdicts, in version order (packaging.version): pass; fail (a contract or static break, or a finding,
+also a static break of a version the target cannot drive); crash (the inner triage died without a report);
+unsupported (the target cannot drive this version, exit 3 with the reason, and the static check alone finds
+nothing or cannot run) which counts as failing only after a version passed (the interface went away);
+not applicable (no DSV4 backend module), failing only when asked.
 """
 
 from __future__ import annotations
