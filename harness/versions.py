@@ -271,12 +271,20 @@ def exact_pins(wheel: Path) -> dict[str, str]:
 
 
 def requirements_for(base: str, wheel: Path) -> str:
-    """The CPU requirements with the version's own exact pins for the packages they name (torch kept)."""
+    """The CPU requirements (pinned as the newest version pins them) with the version's own exact pins; a
+    package the version does not pin is left to pip's resolver (tokenizers follows transformers), and the
+    machine's torch is kept."""
     pins, lines = exact_pins(wheel), []
     for line in base.splitlines():
         text = line.split("#", 1)[0].strip()
-        name = canonicalize_name(Requirement(text).name) if text else None
-        lines.append(pins[name] if name in pins and name not in KEEP else line)
+        req = Requirement(text) if text else None
+        name = canonicalize_name(req.name) if req else None
+        if req is None or name in KEEP:
+            lines.append(line)
+        elif name in pins:
+            lines.append(pins[name])
+        else:
+            lines.append(req.name if any(s.operator == "==" for s in req.specifier) else line)
     return "\n".join(lines) + "\n"
 
 
@@ -339,7 +347,7 @@ class PipInstaller:
         wanted = requirements_for(self.requirements.read_text(), wheel)
         current = set((env / "pinned.txt").read_text().splitlines())
         changed = [line for line in wanted.splitlines() if line.split("#", 1)[0].strip() and line not in current]
-        if changed:
+        if changed:  # in one command, so that pip resolves them together
             self._run(f"installing sglang {version}'s own pins", [python, "-m", "pip", "install", "-q", *changed])
             (env / "pinned.txt").write_text(wanted)
         probe = [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"]

@@ -198,10 +198,12 @@ def wheel_with_pins(folder: Path, version: str, *pins: str) -> Path:
     return path
 
 
-def test_requirements_take_the_version_s_pins_but_keep_torch(tmp_path):
-    wheel = wheel_with_pins(tmp_path, "0.5.19", "torch==2.13.0", "Transformers==5.12.1", "numpy>=1")
-    base = "# comment\ntorch==2.14.1\ntransformers==5.19.0\nnumpy\n"
-    assert requirements_for(base, wheel) == "# comment\ntorch==2.14.1\nTransformers==5.12.1\nnumpy\n"
+def test_requirements_take_the_version_s_pins_leave_the_rest_to_pip_and_keep_torch(tmp_path):
+    wheel = wheel_with_pins(tmp_path, "0.5.17", "torch==2.13.0", "Transformers==5.12.1", "numpy>=1")
+    base = "# comment\ntorch==2.14.1\ntransformers==5.19.0\ntokenizers==0.23.2\nnumpy\n"
+    assert requirements_for(base, wheel) == "# comment\ntorch==2.14.1\nTransformers==5.12.1\ntokenizers\nnumpy\n"
+    newest = wheel_with_pins(tmp_path, "0.5.23", "transformers==5.19.0", "tokenizers==0.23.2")
+    assert requirements_for(base, newest) == base
 
 
 def test_one_environment_the_version_s_pins_over_it_and_the_wheel_swapped(tmp_path):
