@@ -27,7 +27,6 @@ import functools
 import importlib
 import inspect
 import linecache
-import os
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -616,7 +615,7 @@ def _module_classes(modules) -> list[type]:
 def sglang_classes() -> tuple[list[type], list[str]]:
     """Every class of the sglang modules the target drives, imported by name (so also on versions the target
     cannot drive), and the modules this version does not have. Any other import failure is a broken environment."""
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    _api.prepare_triton()
     modules, missing = [], []
     for name in SGLANG_MODULES:
         try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -368,8 +367,7 @@ def inner_triage(*, examples: int, device: str, root: Path) -> Triage:
         cmd = [str(python), "-m", "harness", "triage", "--target", "sglang", "--semantics", "auto",
                "--device", device, "--examples", str(examples), "--report-dir", str(out)]
         cmd += ["--static-only"] if static_only else []
-        proc = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "TRITON_INTERPRET": "1"})
+        proc = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True)  # Triton's mode: as the target chooses
         (out / ("static.log" if static_only else "triage.log")).write_text(proc.stdout + proc.stderr)
         return proc.returncode, proc.stdout + proc.stderr
 

@@ -16,17 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from harness.sglang_target._api import prepare_triton
+
+# Before sglang (which imports triton) and only where sglang is here, as the target chooses: a
+# process-wide TRITON_INTERPRET set at collection would make every later Triton kernel of a GPU run
+# (and its child processes) interpreted.
+if importlib.util.find_spec("sglang") is not None:
+    prepare_triton()
+
 pytest.importorskip("sglang", reason="the sglang package is not installed: the static check on sglang needs "
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
 
-from harness.sglang_target._api import prepare_triton
-
-# As the target chooses, and only where sglang is here: a process-wide TRITON_INTERPRET set at
-# collection would make every later Triton kernel of the run (and its child processes) interpreted.
-prepare_triton()
-
 from harness.case import Batch, Case, Request
-from harness.device import SimDevice
+from harness.device import make_device
 from harness.static_contracts import check_class, check_classes, triage_classes
 
 ASSIGNMENT = re.compile(r"^\s*self\.token_to_kv_pool(:[^=]+)? = .*\n", re.MULTILINE)
@@ -39,10 +41,10 @@ def api():
     return load_api()
 
 
-def test_the_real_backend_metadata_and_runners_are_quiet(api):
+def test_the_real_backend_metadata_and_runners_are_quiet(api, harness_device):
     from harness.sglang_target import SglangTarget
 
-    session = SglangTarget().open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice())
+    session = SglangTarget().open(Case(batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
     classes = triage_classes(session)
     names = {c.__name__ for c in classes}
     assert {"DeepseekV4AttnBackend", "DSV4Metadata", "DSV4AttnMetadata", "SparsePrefillChunkCache",
