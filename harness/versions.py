@@ -155,7 +155,7 @@ class VersionTriage:
     def evaluate(self, version: str) -> VersionResult:
         wheel = self.installer.wheel(version)
         if not ships_backend(wheel):
-            return VersionResult(version, NOT_APPLICABLE, f"not applicable: {BACKEND} missing")
+            return VersionResult(version, NOT_APPLICABLE, f"{BACKEND} missing")
         python = self.installer.python_for(version, wheel)
         out = self.report_dir / version
         out.mkdir(parents=True, exist_ok=True)
@@ -302,7 +302,7 @@ class PipInstaller:
     def _run(self, what: str, cmd: list) -> str:
         code, output = self.run_cmd([str(c) for c in cmd])
         if code != 0:
-            tail = "\n".join(output.strip().splitlines()[-8:])
+            tail = "\n".join(line[:300] for line in output.strip().splitlines()[-8:])
             raise EnvironmentBroken(f"{what} failed (exit {code}): {' '.join(map(str, cmd))}\n{tail}")
         return output
 
@@ -390,9 +390,9 @@ def triage_versions(args) -> int:
                          on_result=lambda r: print(f"sglang {r.version}: {r.status}: {r.detail}", flush=True))
     write_json_atomically(report_dir / "versions.json", outcome.to_json())
     if outcome.first_failing:
-        detail = next(r.detail for r in outcome.results if r.version == outcome.first_failing)
+        first = next(r for r in outcome.results if r.version == outcome.first_failing)
         since = f" (last passing: {outcome.last_passing})" if outcome.last_passing else ""
-        print(f"first failing version: {outcome.first_failing}{since}: {detail}")
+        print(f"first failing version: {first.version}{since}: {first.status}: {first.detail}")
     else:
         print(f"no failing version among {', '.join(versions)}")
     print(f"report: {report_dir / 'versions.json'}")
