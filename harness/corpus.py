@@ -107,6 +107,7 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress) -> t
 def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Path, only=None) -> int:
     clean, rows = kill_table(device=device, examples=examples, semantics=semantics, only=only,
                              progress=lambda line: print(line, flush=True))
+    write_json_atomically(report_dir / "mutants-clean.json", clean)
     write_json_atomically(report_dir / "mutants.json", rows)
     killed = [r for r in rows if r["killed"]]
     by_campaign = [r for r in killed if r["seconds_to_detect"] is not None]  # the rest: by a contract probe

@@ -30,7 +30,7 @@ def render_folder(path: Path, pytest_junit: Path | None = None) -> tuple[list[Pa
     if folder.summary is not None:
         written.append(junit.write(folder.path / junit.CAMPAIGN, junit.campaign_suite(folder.summary)))
     if folder.mutants is not None:
-        written.append(junit.write(folder.path / junit.MUTANTS, junit.mutants_suite(folder.mutants)))
+        written.append(junit.write(folder.path / junit.MUTANTS, junit.mutants_suite(folder.mutants, folder.clean_reference)))
     if folder.sanitizer is not None:
         written.append(junit.write(folder.path / junit.SANITIZER, junit.sanitizer_suite(folder.sanitizer)))
     written.append(write_index(folder))

@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.errors import InvalidArgument
 
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
+CLEAN_REFERENCE = "mutants-clean.json"
 NIGHTLY, VERSIONS = "nightly.json", "versions.json"
 STEP_OUTCOMES = ("clean", "found", "broken", "skipped")
 PYTEST_JUNIT = "junit-pytest.xml"
@@ -58,6 +59,7 @@ class ReportFolder:
     path: Path
     summary: dict | None = None
     mutants: list[dict] | None = None
+    clean_reference: dict | None = None  # the kill table's campaign on the clean reference
     triage: dict | None = None
     sanitizer: dict | None = None
     kernel: dict | None = None  # {"rows": [flat rows], "meta": {fact: value}}, whatever shape the file had
@@ -190,6 +192,16 @@ def check_mutants(check: _Check, data) -> list[dict]:
         for key in ("description", "expected_oracle", "minimal_case", "replay"):
             check.need(row, key, "str", prefix, optional=True)
         list(check.items(row, "contract_failures", prefix, optional=True, kind="str"))
+    return data
+
+
+def check_clean_reference(check: _Check, data) -> dict:
+    """harness/corpus.py: the clean reference through the kill table's campaign (it must find nothing)."""
+    if not isinstance(data, dict):
+        check.fail("the top level must be an object")
+    check.need(data, "cases", "int")
+    check.need(data, "findings", "int")
+    check.need(data, "finding", "str", nullable=True)
     return data
 
 
@@ -353,6 +365,7 @@ def load_folder(path: Path, pytest_junit: Path | None = None) -> ReportFolder:
         raise InvalidArgument(f"report folder {path}: no such directory")
     folder = ReportFolder(path)
     for name, attr, check in ((SUMMARY, "summary", check_summary), (MUTANTS, "mutants", check_mutants),
+                              (CLEAN_REFERENCE, "clean_reference", check_clean_reference),
                               (TRIAGE, "triage", check_triage), (SANITIZER, "sanitizer", check_sanitizer),
                               (KERNEL, "kernel", check_kernel), (NIGHTLY, "nightly", check_nightly),
                               (VERSIONS, "versions", check_versions)):

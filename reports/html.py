@@ -102,6 +102,7 @@ def render_html(folder: ReportFolder) -> str:
                                   _campaign_context(folder.triage["campaign"], False)},
         versions=folder.versions,
         mutants=folder.mutants,
+        clean_reference=folder.clean_reference,
         mutants_plot=plots.detection_times(folder.mutants) if folder.mutants else None,
         sanitizer=sanitizer and {
             "binary": sanitizer["binary"], "error": sanitizer.get("error"), "raw_dir": RAW_DIR, "figures": sanitizer.get("figures") or {},

@@ -110,9 +110,13 @@ def campaign_suite(summary: dict, name: str = "campaign") -> ET.Element:
     return _count(suite)
 
 
-def mutants_suite(rows: list[dict]) -> ET.Element:
-    """A testcase per mutant: killed passes, a survivor fails."""
+def mutants_suite(rows: list[dict], clean: dict | None = None) -> ET.Element:
+    """A testcase per mutant: killed passes, a survivor fails; the clean reference fails on any finding."""
     suite = _suite("mutants", [])
+    if clean is not None:
+        case = _case(suite, "mutants", "(clean reference)", 0.0, [("cases", clean["cases"])])
+        if clean["findings"]:
+            _fail(case, "failure", f"the clean reference had {clean['findings']} finding(s): {clean['finding']}")
     for row in rows:
         case = _case(suite, "mutants", row["name"], row["seconds_to_detect"] or 0.0, [
             ("oracles", ",".join(row["oracles"])), ("expected_oracle", row.get("expected_oracle")),

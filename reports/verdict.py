@@ -90,6 +90,10 @@ def judge(folder: ReportFolder) -> Verdict:
             found.append(f"versions: the first failing version is {folder.versions['first_failing']} "
                          f"(last passing: {folder.versions['last_passing'] or 'none'})")
         ran.append(f"{len(folder.versions['versions'])} versions")
+    clean = folder.clean_reference
+    if clean is not None and clean["findings"]:
+        found.append(f"kill table: the clean reference had {clean['findings']} finding(s) in {clean['cases']} cases: "
+                     f"{clean['finding']}")
     if folder.mutants is not None:
         alive = [r["name"] for r in folder.mutants if not r["killed"]]
         if not folder.mutants:

@@ -261,6 +261,29 @@ def test_verdict(tmp_path, files, status, needle):
     assert verdict.status == status and needle in verdict.reason, verdict
 
 
+@pytest.mark.parametrize("findings, status", [(0, CLEAN), (1, FOUND)])
+def test_the_kill_tables_clean_reference_is_judged_too(tmp_path, findings, status):
+    folder = write_folder(tmp_path, mutants_json=[mutant_row("a")])
+    clean = {"name": "(clean reference)", "cases": 200, "findings": findings,
+             "finding": "race on x" if findings else None}
+    write_json_atomically(folder / "mutants-clean.json", clean)
+    loaded = load_folder(folder)
+    verdict = judge(loaded)
+    assert verdict.status == status, verdict
+    suite = junit.mutants_suite(loaded.mutants, loaded.clean_reference)
+    assert suite.get("failures") == str(findings)
+    if findings:
+        assert "the clean reference had 1 finding(s) in 200 cases: race on x" in verdict.reason
+        assert "<code>race on x</code>" in render_html(loaded)
+
+
+def test_a_partial_clean_reference_file_is_named(tmp_path):
+    folder = write_folder(tmp_path, mutants_json=[mutant_row("a")])
+    (folder / "mutants-clean.json").write_text(json.dumps({"cases": 3}))
+    with pytest.raises(ReportError, match="mutants-clean.json: missing field 'findings'"):
+        load_folder(folder)
+
+
 def test_found_wins_over_broken_and_both_are_listed(tmp_path):
     folder = write_folder(tmp_path, summary_json=summary([finding()]), mutants_json=[mutant_row("b", killed=False)])
     verdict = judge(load_folder(folder))
