@@ -70,12 +70,9 @@ def reference_attention(world, layer: int, rows: list[int] | None = None) -> tor
             swa = pos[:, None] - (dims.swa_window - 1) + window[None, :]  # this row's window of latents
             index = torch.where(swa >= 0, swa + blocks.shape[0], -1)
             if ratio:
-                visible = [(p + 1) // ratio for _, _, p in part]
-                chosen = [indexer_topk(world, r, t, v) if ratio == 4 else list(range(v))
-                          for (_, t, _), v in zip(part, visible)]
-                width = max(len(c) for c in chosen)
-                picked = torch.tensor([c + [-1] * (width - len(c)) for c in chosen], dtype=torch.int64)
-                index = torch.cat([picked.reshape(len(part), width), index], dim=1)
+                chosen = chosen_blocks(world, r, [t for _, t, _ in part], (pos + 1) // ratio, ratio)
+                block_ids = torch.arange(chosen.shape[1])
+                index = torch.cat([torch.where(chosen, block_ids[None, :], -1), index], dim=1)
             valid = index >= 0
             k = keys[index.clamp(min=0)]  # [n, K, D]
             scores = torch.einsum("nhd,nkd->nhk", q_all[[t for _, t, _ in part]], k) * scale
@@ -90,17 +87,20 @@ def reference_attention(world, layer: int, rows: list[int] | None = None) -> tor
 REFERENCE_ROWS_PER_STEP = 32  # rows gathered at once: real sizes stay near 100 MB of float64 keys
 
 
-def indexer_topk(world, r: int, t: int, visible: int) -> list[int]:
-    """The indexer's choice: top-k scores, ties to the lower block; all blocks when few are visible.
-
-    Keys and queries are small integers, so float32 and float64 agree exactly on every score.
-    """
-    topk = world.dims.index_topk
-    if visible <= topk:
-        return list(range(visible))
-    scores = (world.index_keys[r][:visible] @ world.q_index[t]).tolist()
-    order = sorted(range(visible), key=lambda b: (-scores[b], b))
-    return sorted(order[:topk])
+def chosen_blocks(world, r: int, rows: list[int], visible: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Which compressed blocks each row attends to, as a mask [rows, blocks]: every visible block of a
+    ratio-128 layer; for ratio 4 the indexer's choice, the top-k scores with ties to the lower block,
+    all visible blocks when few are. Keys and queries are small integers, so the scores are exact."""
+    blocks = world.batch.requests[r].seq_len // ratio
+    block_ids = torch.arange(blocks)
+    visible_mask = block_ids[None, :] < visible[:, None]
+    if ratio != 4:
+        return visible_mask
+    scores = world.q_index[rows].double() @ world.index_keys[r][:blocks].double().T
+    scores = scores.masked_fill(~visible_mask, float("-inf"))
+    order = torch.sort(-scores, dim=1, stable=True).indices  # best first; equal scores keep block order
+    rank = torch.empty_like(order).scatter_(1, order, block_ids.expand(len(rows), -1).contiguous())
+    return visible_mask & (rank < world.dims.index_topk)
 
 
 def ceil_align(value: int, align: int) -> int:
