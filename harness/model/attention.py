@@ -51,7 +51,7 @@ def reference_attention(world, layer: int, rows: list[int] | None = None) -> tor
     ratio = dims.layer_ratios[layer]
     scale = dims.head_dim ** -0.5
     sink = world.sink[layer].double()
-    q_all = world.q[layer].double()
+    q_all = world.q[layer]  # rows are converted to float64 as they are used
     token_rows = list(world.token_rows())
     wanted = range(len(token_rows)) if rows is None else rows
     out = torch.zeros(len(wanted), dims.heads, dims.head_dim, dtype=torch.float64)
@@ -75,7 +75,7 @@ def reference_attention(world, layer: int, rows: list[int] | None = None) -> tor
                 index = torch.cat([torch.where(chosen, block_ids[None, :], -1), index], dim=1)
             valid = index >= 0
             k = keys[index.clamp(min=0)]  # [n, K, D]
-            scores = torch.einsum("nhd,nkd->nhk", q_all[[t for _, t, _ in part]], k) * scale
+            scores = torch.einsum("nhd,nkd->nhk", q_all[[t for _, t, _ in part]].double(), k) * scale
             scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
             top = torch.maximum(scores.max(dim=2).values, sink[None, :])
             weights = torch.exp(scores - top[:, :, None])
