@@ -107,6 +107,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     start = time.perf_counter()
 
     failing: dict[tuple[str, str], CaseResult] = {}
+    runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
+    judge = runner.run_case if runner else functools.partial(run_case, target)
 
     @settings(deadline=None, database=db, phases=phases, print_blob=False,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
@@ -118,7 +120,6 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             if result.first_detection_seconds is not None and (
                     time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
                 return  # the shrink budget is spent: keep the smallest failure found so far
-            judge = runner.run_case if runner else functools.partial(run_case, target)
             judged = judge(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant, oracles=oracles)
             if result.first_detection_examples is None:
                 result.cases += 1
@@ -135,7 +136,6 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         campaign_case = example(case=case, schedule="adversarial")(campaign_case)
     if seed is not None:
         campaign_case = _seeded(campaign_case, seed)
-    runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
     try:
         campaign_case()
     except FindingRaised as raised:

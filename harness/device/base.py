@@ -152,9 +152,12 @@ class Device:
     def replay(self, graph: GraphCapture) -> None:
         """The tracker receives every captured access and edge of this replay (CSAN sees none)."""
         self.tracker.replay(graph.as_hb(), self.current_stream.id)
+        self._replay(graph)
+
+    def _replay(self, graph: GraphCapture) -> None:
+        """Re-run the captured closures in capture order on the current stream."""
         for node, fn in zip(graph.nodes, graph.fns):
-            if fn is not None:
-                self._issue(self.current_stream, f"{graph.name}/{node.op}", fn)
+            self._issue(self.current_stream, f"{graph.name}/{node.op}", fn)
 
     def _captured(self, fn: Callable[[], None]) -> Optional[Callable[[], None]]:
         """What a replay re-runs of one captured operation: here the closure itself."""

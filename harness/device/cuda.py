@@ -86,10 +86,7 @@ class CudaDevice(Device):
         fn()  # recorded into the graph being captured, not executed
         return None
 
-    def replay(self, graph: GraphCapture) -> None:
-        if graph.native is None:
-            return super().replay(graph)
-        self.tracker.replay(graph.as_hb(), self.current_stream.id)
+    def _replay(self, graph: GraphCapture) -> None:
         with torch.cuda.stream(self._streams[self.current_stream.id]):
             graph.native.replay()
 
