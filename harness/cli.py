@@ -317,6 +317,5 @@ def cmd_csan(args) -> int:
         print(f"  [{d['verdict']}] {d['explanation'] or 'UNEXPLAINED'}: {d['case']}")
         print(f"    replay: {d['replay']}")
     print(f"report: {Path(args.report_dir) / 'csan.json'}")
-    found = summary["unexplained"] or summary["differential_findings"] or any(
-        v != "agree-clean" for v in summary["verdicts"])
+    found = summary["differential_findings"] or any(v != "agree-clean" for v in summary["verdicts"])
     return EXIT_FOUND if found else EXIT_OK

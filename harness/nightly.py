@@ -87,6 +87,8 @@ def run(args) -> int:
 
     if args.device not in ("cuda", "cpu"):
         raise InvalidArgument(f"--device={args.device!r} is not one of: cuda, cpu")
+    if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) > 0):
+        raise InvalidArgument(f"--workers={args.workers!r}: auto or a number of workers > 0")
     if args.examples is not None and args.examples < 1:
         raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
     skip = parse_skip(args.skip)

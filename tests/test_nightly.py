@@ -35,6 +35,20 @@ def test_the_plan_covers_every_step_into_one_folder(tmp_path):
     assert "--profile" in steps[1].command and "nightly" in steps[1].command
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--skip", "fuzz"], "--skip: unknown step(s) fuzz"),
+    (["--workers", "two"], "--workers='two': auto or a number of workers > 0"),
+    (["--device", "tpu"], "--device='tpu' is not one of: cuda, cpu"),
+    (["--examples", "0"], "--examples=0: must be >= 1"),
+])
+def test_bad_nightly_flags_exit_2_naming_the_flag(tmp_path, capsys, argv, needle):
+    from harness.cli import main
+
+    assert main(["nightly", "--report-dir", str(tmp_path), *argv]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "nightly.json").exists()
+
+
 def test_unknown_steps_are_refused():
     with pytest.raises(InvalidArgument, match="allowed: pytest, campaign, mutants, sanitize"):
         parse_skip("pytest,fuzz")
