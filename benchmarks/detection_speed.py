@@ -20,7 +20,9 @@ def main() -> None:
     parser.add_argument("--semantics", default="0.5.23", choices=("0.5.23", "pr"))
     parser.add_argument("--out", default="benchmarks/detection_speed.json")
     args = parser.parse_args()
-    clean, rows = kill_table(device=args.device, examples=args.examples, semantics=args.semantics)
+    # each mutant's line as it is judged: on CUDA (a process per mutant) the table takes minutes
+    clean, rows = kill_table(device=args.device, examples=args.examples, semantics=args.semantics,
+                             progress=lambda line: print(line, flush=True))
     print(f"{'mutant':34} {'oracle':16} {'examples':>8} {'seconds':>8}")
     for row in rows:
         seconds = "-" if row["seconds_to_detect"] is None else f"{row['seconds_to_detect']:.2f}"

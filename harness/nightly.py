@@ -38,8 +38,10 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     campaign = [python, "-m", "harness", "run", "--device", device, "--profile", "nightly", "--semantics", semantics,
                 "--report-dir", folder] + (["--examples", str(examples)] if examples else [])
     steps = [
-        Step("pytest", [python, "-m", "pytest", "-n", workers, "--harness-device", device, "--harness-report", folder,
-                        "-q"]),
+        # `--option=value`: before the plugins load, pytest reads a separate value as a test path
+        # and takes the report folder for the rootdir, missing the project's conftest and tests
+        Step("pytest", [python, "-m", "pytest", "-n", workers, f"--harness-device={device}",
+                        f"--harness-report={folder}", "-q"]),
         Step("campaign", campaign),
         Step("mutants", [python, "-m", "harness", "mutants", "--device", device, "--semantics", semantics,
                          "--report-dir", folder]),

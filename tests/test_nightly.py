@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,8 @@ from harness.campaign import run_campaign
 from harness.errors import InvalidArgument
 from harness.mutants import mutant_target
 from harness.nightly import Step, parse_skip, plan, run_steps
+
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 def test_a_failure_drawn_by_a_nightly_replays_from_the_database_it_left(tmp_path):
@@ -65,3 +70,19 @@ def test_a_skipped_step_is_said_not_hidden():
     steps = [Step("pytest", [sys.executable, "-c", "pass"]), Step("sanitize", [sys.executable, "-c", "pass"])]
     assert run_steps(steps, frozenset({"sanitize"}), log=lines.append) == 0
     assert "[sanitize] skipped (--skip)" in lines and steps[1].outcome == "skipped"
+
+
+def test_the_pytest_step_collects_this_project_from_any_report_folder(tmp_path):
+    """The step's own command line, collecting only, as in a checkout that is not pip-installed (no
+    entry points: conftest.py loads the plugins). A report folder taken for a test path made it the
+    rootdir, so the project's conftest never loaded and its options were unknown (exit 4)."""
+    report = tmp_path / "report"
+    report.mkdir()  # as `nightly` makes it before the steps run; an existing path is what pytest took
+    pytest_step = plan(report, device="cpu", examples=None, workers="auto", semantics="0.5.23",
+                       skip=frozenset())[0]
+    python, m, pytest_module, *options = pytest_step.command
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    done = subprocess.run([python, m, pytest_module, "-p", "xdist.plugin", *options, "-n", "0", "--collect-only"],
+                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests/test_nightly.py::" in done.stdout
