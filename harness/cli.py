@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
         p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
         p.add_argument("--oracles", default=None,
-                       help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution")
+                       help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution, "
+                            "reference")
 
     run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     common(run)

@@ -9,11 +9,14 @@ waiting for the whole forward first. The oracles:
 - ``policy``: publication as the design says, and the target's own decisions consistent;
 - ``float64``: the barriered attention matches a float64 reference computed from positions;
 - ``kv``: the barriered run wrote exactly the KV entries the batch owns, nothing else;
-- ``execution``: a run that raised, and a planned mutation that never ran.
+- ``execution``: a run that raised, and a planned mutation that never ran;
+- ``reference``: for a target that is not the model (the real SGLang code), its chunk cache, publish
+  decision, declarations and attention against the model's on the same case.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass, field, replace
@@ -138,7 +141,7 @@ def replay_command(case: Case, *, target: str, device: str, schedule: str, mutan
     return " ".join(shlex.quote(p) for p in parts)
 
 
-ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "execution")
+ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "execution", "reference")
 
 
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
@@ -151,6 +154,8 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok)
     barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
     findings = [f for f in judge(case, overlapped, barriered) if oracles is None or f.oracle in oracles]
+    if hasattr(target, "reference_differences") and barriered.crash is None and (oracles is None or "reference" in oracles):
+        findings += reference_oracle(target, case, device_name)
     if device_name != "cpu":  # where the race was real: the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start)
@@ -182,6 +187,22 @@ def judge(case: Case, overlapped: RunRecord, barriered: RunRecord) -> list[Findi
         findings += float64_oracle(case, barriered)
         findings += kv_oracle(barriered)
     return findings
+
+
+def reference_oracle(target, case: Case, device_name: str) -> list[Finding]:
+    """A target that is not the reference model (the real SGLang code) against the model, field by field,
+    on the same case with nothing mutating the tables: a regression that is no race (a gate, a threshold,
+    a declaration) shows here even though both of the target's own runs agree."""
+    try:
+        diffs = target.reference_differences(case, device_name)
+    except HarnessError:
+        raise
+    except Exception as exc:  # the target raised on the host: a finding, never a harness traceback
+        return [Finding("reference", "target-raised", f"comparing with the reference model, the target raised "
+                                                      f"{type(exc).__name__}: {exc}")]
+    return [Finding("reference", "reference-mismatch", f"the real code and the reference model differ in {name}: {why}",
+                    int(m.group(1)) if (m := re.match(r"batch (\d+):", why)) else 0)
+            for name, why in diffs.items()]
 
 
 def execution_oracle(case: Case, overlapped: RunRecord, barriered: RunRecord) -> list[Finding]:

@@ -6,6 +6,7 @@ import pytest
 
 from harness.case import Batch, Case, Flags, Mutation, Request
 from harness.engine import run_case
+from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.mutants import mutant_target
 from harness.target import ReferenceTarget
 
@@ -51,3 +52,75 @@ def test_a_mutation_that_never_ran_is_a_finding():
 def test_a_finding_names_the_request_row_and_values():
     finding = run_case(mutant_target("scheduler_no_wait"), PLAIN, oracles=frozenset({"differential"})).findings[0]
     assert "request 0" in finding.message and "position" in finding.message and "overlapped" in finding.message
+
+
+class ComparedWithTheModel:
+    """A target that is not the model, compared with it as the sglang target is (`reference` oracle)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def reference_differences(self, case, device_name):
+        from harness.sglang_target.differential import differential_details
+
+        return differential_details(case, target=self.inner, device=device_name)
+
+
+class VerifyDeclaresPreReplay:
+    """A backend whose target-verify declares its reads done before the replay: no race any prefill
+    case can show (the decode graph runner acts on it), so only the declaration differs."""
+
+    def __init__(self):
+        self.inner = ReferenceTarget()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def open(self, case, device):
+        session = self.inner.open(case, device)
+        backend = session.model_runner.attn_backend
+        declared = backend.shared_read_ends
+        backend.shared_read_ends = lambda mode: (SharedReadEnds.PRE_REPLAY if mode is ForwardMode.TARGET_VERIFY
+                                                 else declared(mode))
+        return session
+
+
+@pytest.mark.parametrize("planted, field, seen_otherwise", [
+    (lambda: mutant_target("fast_path_lost"), "publish", True),
+    (VerifyDeclaresPreReplay, "shared_read_ends(TARGET_VERIFY)", False),
+], ids=["fast_path_lost", "verify_declares_pre_replay"])
+def test_reference_oracle_names_the_field_where_a_target_leaves_the_model(planted, field, seen_otherwise):
+    only = frozenset({"reference"})
+    assert run_case(ComparedWithTheModel(ReferenceTarget()), PLAIN, oracles=only).findings == []
+    assert bool(run_case(planted(), PLAIN).findings) is seen_otherwise
+    findings = run_case(ComparedWithTheModel(planted()), PLAIN, oracles=only).findings
+    assert findings and {f.oracle for f in findings} == {"reference"}
+    assert any(f"differ in {field}:" in f.message for f in findings), [f.message for f in findings]
+
+
+def test_reference_oracle_reports_a_target_that_raises_while_compared():
+    class Raising(ComparedWithTheModel):
+        def reference_differences(self, case, device_name):
+            raise KeyError("forward_metadata")
+
+    [finding] = run_case(Raising(ReferenceTarget()), PLAIN, oracles=frozenset({"reference"})).findings
+    assert finding.kind == "target-raised" and "KeyError" in finding.message
+
+
+def test_reference_oracle_is_silent_for_the_model_itself():
+    assert not hasattr(ReferenceTarget(), "reference_differences")
+
+
+def test_index_rows_padded_with_skipped_columns_compare_by_their_entries():
+    import torch
+
+    from harness.sglang_target.differential import _trim_skipped_columns
+
+    narrow = torch.tensor([[0, -1], [0, 1]])
+    wide = torch.tensor([[0, -1, -1, -1], [0, 1, -1, -1]])
+    assert [t.tolist() for t in _trim_skipped_columns(wide, narrow)] == [narrow.tolist(), narrow.tolist()]
+    extra_entry = torch.tensor([[0, -1, -1, -1], [0, 1, 2, -1]])
+    assert _trim_skipped_columns(extra_entry, narrow)[0].shape == (2, 4), "a real entry past the width is kept"

@@ -38,6 +38,12 @@ class SglangTarget:
 
         return SglangSession(self.api, case, device)
 
+    def reference_differences(self, case: Case, device_name: str) -> dict[str, str]:
+        """The `reference` oracle's question: {field: what differs} between this code and the model."""
+        from harness.sglang_target.differential import differential_details
+
+        return differential_details(case, target=self, device=device_name)
+
 
 def make_target() -> SglangTarget:
     """Factory for `--target harness.sglang_target:make_target` (and for `--target sglang`)."""

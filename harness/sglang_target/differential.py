@@ -9,7 +9,9 @@ reference keeps `query_pos` as int64 and the offsets as host lists, SGLang int32
 - the publication decision (`publish`), the snapshot's and the forward's sparse decisions
   (`snapshot_sparse`, `use_sparse_prefill`), the snapshot's query-row count (`snapshot_num_qo_tokens`);
 - the attention output (`attention`, to 1e-5: the two workspaces are laid out differently, so float
-  sums may round differently).
+  sums may round differently);
+- what the backend declares for every forward mode, `shared_read_ends(MODE)`, under the case's spec
+  algorithm: runners outside the prefill path (the decode and verify graph runner) publish on it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from harness.case import Case
 from harness.device import make_device
+from harness.model.enums import ForwardMode
 from harness.target import ReferenceTarget
 from harness.world import PoolSizes, build_world
 
@@ -51,8 +54,35 @@ def _run(target, case: Case, device_name: str) -> list[dict]:
         else:
             cache = getattr(session.model_runner.attn_backend.forward_metadata, "sparse_prefill_cache", None)
         out.append({"notes": session.probe.take(), "outputs": {k: v.detach().cpu().clone() for k, v in outputs.items()},
-                    "cache": None if cache is None else {f: _as_ints(getattr(cache, f)) for f in CACHE_FIELDS}})
+                    "cache": None if cache is None else {f: _as_ints(getattr(cache, f)) for f in CACHE_FIELDS},
+                    "declared": _declarations(session)})
     return out
+
+
+def _declarations(session) -> dict[str, str]:
+    """{mode name: the backend's shared_read_ends for it}, in each target's own ForwardMode."""
+    backend = session.model_runner.attn_backend
+    if hasattr(session, "chunk_cache"):  # the sglang session: the real backend takes sglang's enum
+        modes = session.model_runner.api.mods["forward"].ForwardMode
+    else:
+        modes = ForwardMode
+    declared = {}
+    for mode in ForwardMode:
+        own = getattr(modes, mode.name, None)
+        if own is not None:
+            declared[mode.name] = backend.shared_read_ends(own).name
+    return declared
+
+
+def _trim_skipped_columns(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index rows of different widths where the wider one's extra columns are all -1 (skipped): SGLang
+    sizes its combined rows by the real window (128) whatever the case's window, so only the entries
+    count."""
+    if x.dim() == y.dim() == 2 and x.shape[0] == y.shape[0] and x.shape[1] != y.shape[1]:
+        width = min(x.shape[1], y.shape[1])
+        if bool((x[:, width:] == -1).all()) and bool((y[:, width:] == -1).all()):
+            return x[:, :width], y[:, :width]
+    return x, y
 
 
 def _first(notes, kind) -> Optional[dict]:
@@ -91,7 +121,7 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
             differ("chunk_cache", index, f"built by {'sglang only' if ca is not None else 'the reference only'}")
         elif ca is not None:
             for name in CACHE_FIELDS:
-                x, y = ca[name], cb[name]
+                x, y = _trim_skipped_columns(ca[name], cb[name])
                 if x.shape != y.shape or not torch.equal(x, y):
                     differ(name, index, f"sglang {x.tolist()[:16]} vs reference {y.tolist()[:16]}"
                                         f" (shapes {tuple(x.shape)} / {tuple(y.shape)})")
@@ -101,6 +131,10 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
         elif oa is not None and (oa.shape != ob.shape or not torch.allclose(oa, ob, atol=ATTENTION_ATOL, rtol=0)):
             err = float((oa - ob).abs().max()) if oa.shape == ob.shape else float("nan")
             differ("attention", index, f"max |difference| {err:.3g} (shapes {tuple(oa.shape)} / {tuple(ob.shape)})")
+        for mode in a["declared"].keys() & b["declared"].keys():
+            if a["declared"][mode] != b["declared"][mode]:
+                differ(f"shared_read_ends({mode})", index, f"sglang declares {a['declared'][mode]}, reference "
+                                                           f"{b['declared'][mode]}")
     if len(real) != len(ref):
         diffs.setdefault("batches", f"sglang ran {len(real)} batch(es), the reference {len(ref)}")
     return diffs
