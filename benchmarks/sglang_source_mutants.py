@@ -1,0 +1,199 @@
+"""Bugs put back into the real SGLang source: does the campaign against `--target sglang` find them?
+
+Each mutant is one textual edit of the installed sglang 0.5.23 (a regression someone could commit:
+a gate dropped, a snapshot step skipped, an off-by-one). The package is linked into a scratch
+folder, the one file is rewritten there, and `python -m harness run --target sglang` runs with that
+copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean
+copy is flagged.
+
+    python benchmarks/sglang_source_mutants.py [--examples N] [--device cpu|cuda] [--only A,B] [--out FILE]
+
+Needs sglang 0.5.23 installed in this environment (the CI's `.venv-sglang`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKEND = "srt/layers/attention/deepseek_v4_backend.py"
+BASE = "srt/layers/attention/base_attn_backend.py"
+PUBLISHER = "srt/model_executor/runner_utils/shared_read_event.py"
+GRAPH_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
+BASE_GRAPH_RUNNER = "srt/model_executor/runner/base_cuda_graph_runner.py"
+
+
+@dataclass(frozen=True)
+class SourceMutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    description: str
+
+
+MUTANTS = (
+    SourceMutant("publish_any_read_end", PUBLISHER,
+                 "    if shared_read_ends is not SharedReadEnds.PRE_REPLAY:\n        return\n", "",
+                 "the publisher records read-done whatever the resolved read end"),
+    SourceMutant("publish_for_any_spec", PUBLISHER,
+                 "    if not model_runner.spec_algorithm.supports_prefill_shared_read_done():\n        return\n", "",
+                 "the publisher ignores the spec algorithm's gate (a later draft reader)"),
+    SourceMutant("publish_despite_offload", PUBLISHER,
+                 "    if (\n        memory.enable_hierarchical_cache", "    if False and (\n        memory.enable_hierarchical_cache",
+                 "the publisher ignores host / storage offload"),
+    SourceMutant("snapshot_step_deleted", BACKEND,
+                 "            metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(\n"
+                 "                forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens\n"
+                 "            )\n", "            pass\n",
+                 "the snapshot hook no longer builds the sparse-prefill chunk cache, yet returns PRE_REPLAY"),
+    SourceMutant("cp_gate_deleted", BACKEND,
+                 "        if is_cp_active(forward_batch):\n            return SharedReadEnds.UNKNOWN\n        # HiSparse",
+                 "        # HiSparse",
+                 "context parallelism takes the global snapshot path"),
+    SourceMutant("hisparse_gate_deleted", BACKEND,
+                 "        if self.hisparse_coordinator is not None:\n            return SharedReadEnds.UNKNOWN\n", "",
+                 "HiSparse (per-layer translation after the snapshot) resolves PRE_REPLAY"),
+    SourceMutant("query_pos_off_by_one", BACKEND,
+                 "        query_pos = core_attn_metadata.seq_lens_casual[:num_qo_tokens] - 1\n",
+                 "        query_pos = core_attn_metadata.seq_lens_casual[:num_qo_tokens] - 2\n",
+                 "the chunk cache's query positions are one too low"),
+    SourceMutant("threshold_inclusive", BACKEND,
+                 "                num_qo_tokens > _LARGE_INDEXER_QUERY_THRESHOLD\n",
+                 "                num_qo_tokens >= _LARGE_INDEXER_QUERY_THRESHOLD\n",
+                 "sparse prefill also at exactly the indexer threshold"),
+    SourceMutant("verify_reads_pre_replay", BACKEND,
+                 "            return SharedReadEnds.POST_REPLAY\n        return super().shared_read_ends(fm)",
+                 "            return SharedReadEnds.PRE_REPLAY\n        return super().shared_read_ends(fm)",
+                 "target-verify declares its reads done before the replay"),
+    SourceMutant("token_to_kv_pool_unassigned", BACKEND,
+                 "        self.token_to_kv_pool: DeepSeekV4TokenToKVPool = model_runner.token_to_kv_pool\n", "",
+                 "the backend never assigns token_to_kv_pool (the break after PR #35947)"),
+    SourceMutant("coarse_flag_ignored", BASE,
+                 "            envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get()\n            or not envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get()\n",
+                 "            False\n",
+                 "the fast path ignores SGLANG_FORCE_COARSE_WAR_BARRIER and SGLANG_ENABLE_PREFILL_WAR_READ_DONE"),
+    SourceMutant("any_mode_snapshots", BASE,
+                 "        if forward_batch.forward_mode != ForwardMode.EXTEND:\n            return SharedReadEnds.UNKNOWN\n", "",
+                 "every forward mode (MIXED, verify, ...) resolves through the snapshot"),
+    SourceMutant("replay_skips_snapshot", GRAPH_RUNNER,
+                 "                attn_backend.init_forward_metadata(forward_batch)\n                build_snapshot = True\n",
+                 "                attn_backend.init_forward_metadata(forward_batch)\n",
+                 "graph replay never builds the snapshot (the fast path is lost)"),
+    SourceMutant("bucket_bisect_right", BASE_GRAPH_RUNNER,
+                 "        index = bisect.bisect_left(buckets, raw_size)\n",
+                 "        index = min(bisect.bisect_right(buckets, raw_size), len(buckets) - 1)\n",
+                 "a token count equal to a bucket pads to the next bucket"),
+)
+
+
+def installed_sglang() -> Path:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("error: sglang is not installed in this environment (see harness/sglang_target/requirements-cpu.txt)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def apply(root: Path, mutant: SourceMutant, original: Path) -> None:
+    path = root / "sglang" / mutant.file
+    text = (original / mutant.file).read_text()
+    if text.count(mutant.old) != 1:
+        raise SystemExit(f"error: mutant {mutant.name}: its text occurs {text.count(mutant.old)} times in "
+                         f"{mutant.file} (this sglang is not the one the table was written for)")
+    path.unlink()  # break the hard link: the installed file stays as it is
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def restore(root: Path, mutant: SourceMutant, original: Path) -> None:
+    path = root / "sglang" / mutant.file
+    path.unlink()
+    os.link(original / mutant.file, path)
+    for stale in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):  # the mutant's bytecode
+        stale.unlink()
+
+
+def campaign(root: Path, name: str, args, out: Path) -> dict:
+    report = out / name
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "harness", "run", "--target", "sglang", "--device", args.device,
+               "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink"]
+    began = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    row = {"exit_code": done.returncode, "seconds": round(time.perf_counter() - began, 1),
+           "outcome": {0: "ALIVE", 1: "KILLED", 3: "REFUSED"}.get(done.returncode, "BROKEN")}
+    if done.returncode not in (0, 1):  # why it could not vouch: the harness's own last words
+        row["stderr_tail"] = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    try:
+        summary = json.loads((report / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = None
+    if summary is None:
+        return row
+    findings = summary.get("findings", [])
+    first = summary.get("first_detection") or {}
+    row.update(cases=summary.get("cases"), findings=len(findings), examples_to_detect=first.get("examples"),
+               seconds_to_detect=first.get("seconds"),
+               oracle=findings[0].get("oracle") if findings else None,
+               finding=findings[0].get("message", "")[:160] if findings else None,
+               replay=findings[0].get("replay") if findings else None)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=100)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--only", default=None, help="comma-separated mutant names")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per campaign")
+    parser.add_argument("--out", default="benchmarks/sglang_source_mutants.json")
+    args = parser.parse_args()
+    chosen = MUTANTS
+    if args.only:
+        names = {n.strip() for n in args.only.split(",") if n.strip()}
+        unknown = sorted(names - {m.name for m in MUTANTS})
+        if unknown:
+            parser.error(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(m.name for m in MUTANTS)}")
+        chosen = tuple(m for m in MUTANTS if m.name in names)
+    original = installed_sglang()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sglang-mutants-") as scratch:
+        root, out = Path(scratch) / "site", Path(scratch) / "reports"
+        shutil.copytree(original, root / "sglang", copy_function=os.link,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        clean = campaign(root, "clean", args, out)
+        print(f"{'(clean copy)':30} exit {clean['exit_code']} {clean.get('cases')} cases, "
+              f"{clean.get('findings')} finding(s) {clean['seconds']}s {clean.get('stderr_tail', '')}", flush=True)
+        if clean["exit_code"] != 0:
+            print("error: the unmutated copy is not clean, so no mutant can be judged", file=sys.stderr)
+            return 1
+        for mutant in chosen:
+            apply(root, mutant, original)
+            try:
+                row = campaign(root, mutant.name, args, out)
+            finally:
+                restore(root, mutant, original)
+            row.update(name=mutant.name, file=mutant.file, description=mutant.description)
+            rows.append(row)
+            print(f"{mutant.name:30} {row['outcome']:7} {row.get('oracle') or '-':16} {row['seconds']:6.1f}s  "
+                  f"{row.get('finding') or row.get('stderr_tail', [''])[-1]}", flush=True)
+    # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
+    killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
+    clean_ok = clean["exit_code"] == 0
+    print(f"\n{killed}/{len(rows)} source mutants found; clean copy: "
+          f"{'0 findings' if clean_ok else 'NOT CLEAN (exit %d): %s' % (clean['exit_code'], clean.get('stderr_tail'))}")
+    with open(args.out, "w") as fh:
+        json.dump({"device": args.device, "examples": args.examples, "clean": clean, "rows": rows}, fh, indent=1)
+    return 0 if clean_ok and killed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The real-source mutant table (`benchmarks/sglang_source_mutants.py`) against the installed sglang:
+every edit still applies to exactly one place, and the issue's own example (the snapshot step deleted
+from the real backend) is found by a campaign on the mutated copy.
+
+Needs sglang 0.5.23 and its CPU import deps; skipped without them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang", reason="the sglang package is not installed: the source mutants need "
+                                     "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
+
+PROJECT = Path(__file__).resolve().parents[1]
+SCRIPT = PROJECT / "benchmarks" / "sglang_source_mutants.py"
+
+
+def load_table():
+    if "sglang_source_mutants" not in sys.modules:  # a script, not a package: registered for its dataclass
+        spec = importlib.util.spec_from_file_location("sglang_source_mutants", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["sglang_source_mutants"]
+
+
+@pytest.mark.parametrize("mutant", load_table().MUTANTS, ids=lambda m: m.name)
+def test_each_edit_applies_to_one_place_in_the_installed_source(mutant):
+    source = (load_table().installed_sglang() / mutant.file).read_text()
+    assert source.count(mutant.old) == 1, f"{mutant.name}: {mutant.file} no longer holds the edited text once"
+    assert mutant.old != mutant.new
+
+
+def test_the_deleted_snapshot_step_is_found_in_a_campaign_on_the_mutated_copy(tmp_path):
+    out = tmp_path / "table.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "snapshot_step_deleted", "--examples", "20",
+                           "--out", str(out)], cwd=PROJECT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = json.loads(out.read_text())
+    assert table["clean"]["exit_code"] == 0 and table["clean"]["findings"] == 0
+    [row] = table["rows"]
+    assert row["outcome"] == "KILLED" and row["replay"].startswith("python -m harness replay --target sglang"), row
