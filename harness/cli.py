@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
         p.add_argument("--oracles", default=None,
                        help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution, "
-                            "reference")
+                            "reference, contract")
 
     run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     common(run)

@@ -11,7 +11,9 @@ waiting for the whole forward first. The oracles:
 - ``kv``: the barriered run wrote exactly the KV entries the batch owns, nothing else;
 - ``execution``: a run that raised, and a planned mutation that never ran;
 - ``reference``: for a target that is not the model (the real SGLang code), its chunk cache, publish
-  decision, declarations and attention against the model's on the same case.
+  decision, declarations and attention against the model's on the same case;
+- ``contract``: for such a target, an attribute its source reads as ``self.X`` but never assigns (a
+  break the harness's own construction of the object would hide), checked once per target.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def replay_command(case: Case, *, target: str, device: str, schedule: str, mutan
     return " ".join(shlex.quote(p) for p in parts)
 
 
-ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "execution", "reference")
+ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "execution", "reference", "contract")
 
 
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
@@ -156,6 +158,10 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     findings = [f for f in judge(case, overlapped, barriered) if oracles is None or f.oracle in oracles]
     if hasattr(target, "reference_differences") and barriered.crash is None and (oracles is None or "reference" in oracles):
         findings += reference_oracle(target, case, device_name)
+    if hasattr(target, "contract_breaks") and (oracles is None or "contract" in oracles):
+        findings += [Finding("contract", "never-assigned", f"{b} (static check of the installed source, as "
+                                                           f"`python -m harness triage --static-only` runs it)")
+                     for b in target.contract_breaks()]
     if device_name != "cpu":  # where the race was real: the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start)

@@ -124,3 +124,14 @@ def test_index_rows_padded_with_skipped_columns_compare_by_their_entries():
     assert [t.tolist() for t in _trim_skipped_columns(wide, narrow)] == [narrow.tolist(), narrow.tolist()]
     extra_entry = torch.tensor([[0, -1, -1, -1], [0, 1, 2, -1]])
     assert _trim_skipped_columns(extra_entry, narrow)[0].shape == (2, 4), "a real entry past the width is kept"
+
+
+def test_contract_oracle_reports_each_static_break_of_a_target():
+    class Broken(ComparedWithTheModel):
+        def contract_breaks(self):
+            return ["Backend.token_to_kv_pool is never assigned in Backend or its bases; read by forward at b.py:9"]
+
+    only = frozenset({"contract"})
+    [finding] = run_case(Broken(ReferenceTarget()), PLAIN, oracles=only).findings
+    assert finding.oracle == "contract" and "Backend.token_to_kv_pool" in finding.message and "b.py:9" in finding.message
+    assert run_case(ReferenceTarget(), PLAIN, oracles=only).findings == []

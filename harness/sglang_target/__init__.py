@@ -32,11 +32,22 @@ class SglangTarget:
         self.semantics = self.api.semantics
         self.semantics_supported = (self.api.semantics,)
         self.semantics_detail = self.api.describe()
+        self._contract_breaks: list[str] | None = None
 
     def open(self, case: Case, device):
         from harness.sglang_target.session import SglangSession
 
         return SglangSession(self.api, case, device)
+
+    def contract_breaks(self) -> list[str]:
+        """The `contract` oracle's question, asked once: attributes the real source reads but never assigns.
+        The session builds the backend without its `__init__` (as SGLang's unit tests do), so a deleted
+        assignment there changes no run; only the source shows it."""
+        if self._contract_breaks is None:
+            from harness.static_contracts import check_classes, sglang_classes
+
+            self._contract_breaks = [str(b) for r in check_classes(sglang_classes()[0]) for b in r.breaks]
+        return self._contract_breaks
 
     def reference_differences(self, case: Case, device_name: str) -> dict[str, str]:
         """The `reference` oracle's question: {field: what differs} between this code and the model."""
