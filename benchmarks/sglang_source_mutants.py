@@ -56,6 +56,15 @@ MUTANTS = (
                  "                forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens\n"
                  "            )\n", "            pass\n",
                  "the snapshot hook no longer builds the sparse-prefill chunk cache, yet returns PRE_REPLAY"),
+    SourceMutant("copy_keeps_cache", BACKEND,
+                 "        )\n        self.sparse_prefill_cache = None\n\n    def refresh_for_breakable_cuda_graph_replay_(",
+                 "        )\n\n    def refresh_for_breakable_cuda_graph_replay_(",
+                 "DSV4Metadata.copy_ (graph metadata reused) keeps the previous batch's chunk cache"),
+    SourceMutant("refresh_keeps_cache", BACKEND,
+                 "                src=static_metadata.c128_compress_metadata,\n            )\n"
+                 "        self.sparse_prefill_cache = None\n",
+                 "                src=static_metadata.c128_compress_metadata,\n            )\n",
+                 "the breakable-graph refresh keeps the previous replay's chunk cache"),
     SourceMutant("cp_gate_deleted", BACKEND,
                  "        if is_cp_active(forward_batch):\n            return SharedReadEnds.UNKNOWN\n        # HiSparse",
                  "        # HiSparse",
