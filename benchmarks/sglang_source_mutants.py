@@ -28,6 +28,7 @@ from pathlib import Path
 BACKEND = "srt/layers/attention/deepseek_v4_backend.py"
 BASE = "srt/layers/attention/base_attn_backend.py"
 PUBLISHER = "srt/model_executor/runner_utils/shared_read_event.py"
+KERNELS = "kernels/ops/attention/dsv4/sparse_prefill_kernels.py"
 GRAPH_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 BASE_GRAPH_RUNNER = "srt/model_executor/runner/base_cuda_graph_runner.py"
 
@@ -98,6 +99,25 @@ MUTANTS = (
                  "                attn_backend.init_forward_metadata(forward_batch)\n                build_snapshot = True\n",
                  "                attn_backend.init_forward_metadata(forward_batch)\n",
                  "graph replay never builds the snapshot (the fast path is lost)"),
+    SourceMutant("swa_gather_shifted", KERNELS,
+                 "        pos = first_pos + i\n", "        pos = first_pos + i + 1\n",
+                 "the Triton SWA gather reads each window one position late"),
+    SourceMutant("window_drops_current_token", KERNELS,
+                 "        swa_len = tl.where(owned, tl.minimum(pos + 1, WINDOW_SIZE), 0)\n",
+                 "        swa_len = tl.where(owned, tl.minimum(pos, WINDOW_SIZE), 0)\n",
+                 "the combined rows' window leaves out the query's own token"),
+    SourceMutant("topk_len_off_by_one", KERNELS,
+                 "    topk_len = tl.where(owned, tl.minimum((pos + 1) // COMPRESS_RATIO, top_k), 0)\n",
+                 "    topk_len = tl.where(owned, tl.minimum(pos // COMPRESS_RATIO, top_k), 0)\n",
+                 "a query sees one compressed block too few when its position closes a block"),
+    SourceMutant("topk_holes_filled", KERNELS,
+                 "        tl.where(topk_vals >= 0, topk_vals + compressed_base[:, None], -1),\n",
+                 "        topk_vals + compressed_base[:, None],\n",
+                 "-1 holes in the top-k span become real indices (compressed_base - 1)"),
+    SourceMutant("padding_rows_owned", KERNELS,
+                 "    owned = valid & (token < tl.load(query_start_loc_ptr + num_reqs) - base)\n",
+                 "    owned = valid\n",
+                 "rows past the last request's queries (padding) get index rows of the last request"),
     SourceMutant("bucket_bisect_right", BASE_GRAPH_RUNNER,
                  "        index = bisect.bisect_left(buckets, raw_size)\n",
                  "        index = min(bisect.bisect_right(buckets, raw_size), len(buckets) - 1)\n",
