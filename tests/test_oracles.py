@@ -69,18 +69,12 @@ class ComparedWithTheModel:
         return differential_details(case, target=self.inner, device=device_name)
 
 
-class VerifyDeclaresPreReplay:
+class VerifyDeclaresPreReplay(ReferenceTarget):
     """A backend whose target-verify declares its reads done before the replay: no race any prefill
     case can show (the decode graph runner acts on it), so only the declaration differs."""
 
-    def __init__(self):
-        self.inner = ReferenceTarget()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
     def open(self, case, device):
-        session = self.inner.open(case, device)
+        session = super().open(case, device)
         backend = session.model_runner.attn_backend
         declared = backend.shared_read_ends
         backend.shared_read_ends = lambda mode: (SharedReadEnds.PRE_REPLAY if mode is ForwardMode.TARGET_VERIFY
