@@ -96,6 +96,20 @@ class Device:
         self.tracker.launch(self.current_stream.id, op, reads, writes)
         self._issue(self.current_stream, op, fn)
 
+    @contextlib.contextmanager
+    def host_work(self, op: str, reads: Accesses = {}, writes: Accesses = {}) -> Iterator[None]:
+        """Code of the system under test that works on tensors eagerly from the host (not a launched
+        closure), as one operation on the current stream: after everything issued to that stream before
+        it, as CUDA orders a stream's work, and recorded in the tracker with its accesses."""
+        if self._capturing is not None:
+            raise RuntimeError(f"{op}: host work inside a graph capture is not modelled")
+        self.tracker.launch(self.current_stream.id, op, reads, writes)
+        self._catch_up(self.current_stream)
+        yield
+
+    def _catch_up(self, stream: Stream) -> None:
+        """Run what `stream` was given so far (the simulator); a real device orders it by itself."""
+
     def record_event(self, stream: Optional[Stream] = None) -> Event:
         stream = stream or self.current_stream
         if self._capturing is not None:

@@ -115,16 +115,30 @@ class SimDevice(Device):
             ready = self._runnable()
             if not ready:
                 break
-            stream = self._choose(ready)
-            op = self._queues[stream].popleft()
-            if op.fn is not None:
-                try:
-                    op.fn()
-                except Exception as exc:  # the program's own failure becomes a finding, with its op
-                    self._drain()
-                    raise OpFailed(op.label, stream.name, exc) from exc
-            op.done = True
-            self._trace.append(f"{stream.name}:{op.label}")
+            self._run_head(self._choose(ready))
+        self._check_stuck()
+
+    def _catch_up(self, stream: Stream) -> None:
+        """Host work on `stream` comes after what the stream was given: run its queue (other streams
+        only where it waits on them, chosen by the policy)."""
+        while self._queues.get(stream):
+            ready = self._runnable()
+            if not ready:
+                self._check_stuck()
+            self._run_head(stream if stream in ready else self._choose(ready))
+
+    def _run_head(self, stream: Stream) -> None:
+        op = self._queues[stream].popleft()
+        if op.fn is not None:
+            try:
+                op.fn()
+            except Exception as exc:  # the program's own failure becomes a finding, with its op
+                self._drain()
+                raise OpFailed(op.label, stream.name, exc) from exc
+        op.done = True
+        self._trace.append(f"{stream.name}:{op.label}")
+
+    def _check_stuck(self) -> None:
         stuck = {s.name: q[0].label for s, q in self._queues.items() if q}
         if stuck:
             raise RuntimeError(f"simulated deadlock: streams blocked at {stuck}")

@@ -42,6 +42,10 @@ SHAPE_KEY = "sglang.srt.model_executor.runner.shape_key"
 SCHEDULER = "sglang.srt.managers.scheduler"
 TP_WORKER = "sglang.srt.managers.tp_worker"
 SPEC_WORKER = "sglang.srt.speculative.base_spec_worker"
+EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+BUFFER_REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
+FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 
 # (module, dotted attribute) every semantics needs.
 _COMMON = [
@@ -64,7 +68,13 @@ _COMMON = [
     (BUCKETS, "generate_prefill_cuda_graph_batch_sizes"),
     (GRAPH_RUNNER, "_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR"),
     (BASE_GRAPH_RUNNER, "BaseCudaGraphRunner._pad_to_bucket"),
-    (SCHEDULER, "Scheduler._apply_war_barrier"),
+    (SCHEDULER, "Scheduler._apply_war_barrier"), (SCHEDULER, "Scheduler.run_event_loop"),
+    (SCHEDULER, "Scheduler.event_loop_overlap"), (SCHEDULER, "Scheduler.is_disable_overlap_for_batch"),
+    (SCHEDULER, "DisaggregationMode"), (SCHEDULER, "is_cuda"),
+    (EAGER_RUNNER, "EagerRunner.execute"), (EAGER_RUNNER, "EagerRunner.load_batch"),
+    (MODEL_RUNNER, "ModelRunner._extend_forward_kwargs"), (MODEL_RUNNER, "ModelRunner._pp_kwargs"),
+    (BUFFER_REGISTRY, "build_eager_registry"), (FORWARD, "ForwardBatch"),
+    (RUNTIME, "get_parallel"), (FORWARD_CONTEXT, "ForwardContext"), (FORWARD_CONTEXT, "forward_context"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
 ]
 # The 0.5.23 form: an explicit resolver, the spec gate at publish time, the replay prep returning the ends.
@@ -192,7 +202,8 @@ def load_api() -> SglangApi:
         backend=BACKEND, base_backend=BASE_BACKEND, sparse_utils=SPARSE_UTILS, kernels=KERNELS, publisher=PUBLISHER,
         spec=SPEC, environ=ENVIRON, runtime=RUNTIME, forward=FORWARD, cp_base=CP_BASE, cp_utils=CP_UTILS,
         buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, scheduler=SCHEDULER,
-        tp_worker=TP_WORKER, spec_worker=SPEC_WORKER).items()}
+        tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER, model_runner=MODEL_RUNNER,
+        buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT).items()}
     if semantics == "0.5.23":
         mods["shape_key"] = importlib.import_module(SHAPE_KEY)
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done

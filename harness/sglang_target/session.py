@@ -1,44 +1,60 @@
 """The session of `--target sglang`: the harness's world driven through the real SGLang 0.5.23 code.
 
-Real SGLang code (called, not copied):
+Real SGLang code, called on objects that carry what it reads (each entry point by file and function):
 
-- `DeepseekV4AttnBackend.resolve_prefill_shared_read_ends` (the base resolver), `_snapshot_prefill_shared_reads`,
-  `_use_sparse_prefill`, `shared_read_ends`, `_build_sparse_prefill_chunk_cache` (which calls
-  `SparsePrefillChunkCache.build`, i.e. the Triton kernels `build_swa_token_ids` and `combine_topk_swa_indices`,
-  interpreted on the CPU simulator, compiled on CUDA), `get_swa_out_cache_loc`, and per sparse layer `SparsePrefillChunkCache.ensure_c128`,
-  `ensure_compressed` and `combine_compressed`;
-- `DSV4Metadata` itself, with its `copy_` and `refresh_for_breakable_cuda_graph_replay_` (the cache reset);
-- `maybe_publish_prefill_shared_read_done`, `SpeculativeAlgorithm` (`from_string`, `is_dflash_family`,
-  `supports_prefill_shared_read_done`), the env flags through `sglang.srt.environ.envs`, the memory config bag
-  (`get_memory()`), `is_cp_active`/`get_cp_strategy`;
-- `PrefillCudaGraphRunner._prepare_forward_metadata_for_replay` (on a stub runner), `ShapeKey`,
-  `generate_prefill_cuda_graph_batch_sizes`, `BaseCudaGraphRunner._pad_to_bucket`,
-  `_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR`;
-- `Scheduler._apply_war_barrier` (on a stub scheduler) and the workers' `last_shared_read_runner` properties.
+- `model_executor/runner/eager_runner.py`: `EagerRunner.execute` and through it `_execute_extend`,
+  `_execute_decode`, `_execute_idle` and `load_batch` with its static-buffer registry
+  (`cuda_graph_buffer_registry.build_eager_registry`); the MIXED -> EXTEND rewrite, the metadata-init
+  condition, the resolve -> publish order and the event's device module are SGLang's;
+- `model_executor/model_runner.py`: `ModelRunner._extend_forward_kwargs`, `_pp_kwargs`;
+- `model_executor/runner/prefill_cuda_graph_runner.py`: `PrefillCudaGraphRunner._prepare_forward_metadata_for_replay`
+  (handed the live batch and the padded static batch, as the replay's `load_batch` does),
+  `_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR`; `base_cuda_graph_runner.py`: `BaseCudaGraphRunner._pad_to_bucket`;
+  `arg_groups/cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`;
+- `layers/attention/base_attn_backend.py`: `AttentionBackend.resolve_prefill_shared_read_ends`;
+  `layers/attention/deepseek_v4_backend.py`: `DeepseekV4AttnBackend._snapshot_prefill_shared_reads`,
+  `_use_sparse_prefill`, `shared_read_ends`, `_build_sparse_prefill_chunk_cache`, `get_swa_out_cache_loc`;
+  `DSV4Metadata` around a real `DSV4AttnMetadata`, with their own `copy_` and
+  `refresh_for_breakable_cuda_graph_replay_` (which fields are copied in place and which re-bound);
+- `layers/attention/dsv4/sparse_prefill_utils.py`: `SparsePrefillChunkCache.build`, `ensure_c128`,
+  `ensure_compressed`, `combine_compressed`; `kernels/ops/attention/dsv4/sparse_prefill_kernels.py`: the Triton
+  kernels `build_swa_token_ids`, `combine_topk_swa_indices` (interpreted on the CPU simulator, compiled on CUDA);
+- `model_executor/runner_utils/shared_read_event.py`: `maybe_publish_prefill_shared_read_done`;
+- `managers/scheduler.py`: `Scheduler.run_event_loop` (the barrier's enabling, its own expression),
+  `event_loop_overlap`, `is_disable_overlap_for_batch`, `_apply_war_barrier` (see `scheduler.py` here);
+  `managers/tp_worker.py` / `speculative/base_spec_worker.py`: `last_shared_read_runner`;
+- `speculative/spec_info.py`: `SpeculativeAlgorithm`; `environ.py`: the env flags; `runtime_context.py`:
+  the configuration namespaces; `layers/cp/`: `is_cp_active`, `get_cp_strategy`.
 
-Replaced (cannot run on a CPU, or need a full model runner): metadata init (`init_forward_metadata` builds the
-harness's core metadata), the attention kernel (`flash_mla_sparse_fwd` -> `harness.model.attention.sparse_attention`
-fed with the real combined indices and SWA token ids), the KV stores, the indexer, the captured graphs (emulated
-as in the reference), CUDA events (a device-module shim over the harness device), and the eager runner's call
-sequence (replicated from `EagerRunner.execute` / `_execute_extend`, including its MIXED -> EXTEND rewrite).
+Replaced, with the reason (each compared with the real code in tests/test_sglang_target.py where both run):
 
-Every tensor operation is issued through `device.launch` with its reads and writes declared; real SGLang code
-that computes on tensors runs inside the launched closure (holders carry its results).
+- the model's forward (`model_runner.model`): the harness's layers, fed with the real metadata and chunk
+  cache; FlashMLA (`flash_mla_sparse_fwd`, CUDA-only, not installable here) by the harness's sparse kernel
+  over the real combined indices;
+- `init_forward_metadata` / `prepare_forward_metadata_for_breakable_cuda_graph_replay` (the real ones plan
+  FlashMLA and JIT kernels): the harness fills the real `DSV4AttnMetadata`'s fields from its own gathers;
+  the copy into a graph's static metadata and the breakable-graph refresh are SGLang's own methods;
+- `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a launched operation on
+  the forward stream, so on the simulator it reads the tables when the stream reaches it;
+- the captured graphs of the prefill graph runner (its capture needs the model): emulated as in the
+  reference; the replay's metadata prep and WAR boundary are SGLang's;
+- the KV stores and the indexer (model parts); the scheduler's request intake, batch selection and
+  result processing (the harness's mutator);
+- on the CPU simulator, the device module (`torch.streamsim`, see `platform.py`): events recorded on the
+  stream given, or the current one, as CUDA does; on CUDA, nothing: real `torch.cuda.Event`s.
 
-On CUDA the kernels run compiled, on the harness's streams (each launch is issued under the stream's torch
-context, which Triton launches on). On the CPU simulator they run interpreted (`_api.py`): TRITON_INTERPRET=1,
-the interpreter's int overflow sanitizer off (compiled kernels skip it too), and above 1024 rows the combine
-kernel launched with 128 tokens per program instead of 2. One process holds one of the two.
+Tensor work the harness issues goes through `device.launch` with its reads and writes declared; real
+SGLang code that works on tensors eagerly on the host (the metadata copy and refresh) runs as host work
+on the current stream, after what the stream was given before it (`Device.host_work`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from types import MethodType, SimpleNamespace
+from typing import Any, Optional
 
 import torch
 
@@ -47,71 +63,17 @@ from harness.errors import InvalidArgument
 from harness.model.attention import sparse_attention_on
 from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
-from harness.model.metadata import DSV4AttnMetadata
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
-from harness.model.scheduler import Scheduler
+from harness.sglang_target.platform import (CudaEventBridge, CudaStream, SimDeviceModule, SimStream,
+                                            published_namespaces, register_sim_device, sglang_config, swa_window)
+from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
 from harness.target import Classes, ReferenceSession
 
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
 
-# What the object-built DeepseekV4AttnBackend needs, because its __init__ (which wants a model runner with
-# a 512-wide head, page size 256, get_exec() config and CUDA) is skipped. This is the interface contract.
-BACKEND_ATTRIBUTES = (
-    "model_runner (.spec_algorithm: real SpeculativeAlgorithm, .shared_read_done_event, .attn_backend)",
-    "device",
-    "req_to_token_pool",
-    "req_to_token (req_to_token_pool.req_to_token)",
-    "token_to_kv_pool (.full_to_swa_index_mapping, .request_window=None, .get_swa_key_page_size(), "
-    ".translate_loc_from_full_to_swa(loc))",
-    "hisparse_coordinator (None, or a stand-in object under HiSparse)",
-    "forward_metadata (a real DSV4Metadata around the core metadata)",
-    "sparse_prefill_kv_buffer (a real SparsePrefillKVBuffer; the build calls forget_head())",
-)
-# Instance attributes that shadow methods of the class: the parts replaced on a CPU.
-BACKEND_HOOKS = (
-    "init_forward_metadata (harness core metadata)",
-    "prepare_forward_metadata_for_breakable_cuda_graph_replay (harness refresh_, then the real DSV4Metadata.refresh_)",
-    "_build_sparse_prefill_chunk_cache (defers the real method into a launched closure)",
-)
-# What the real methods read of the core metadata and of the forward batch.
-CORE_METADATA_FIELDS = ("seq_lens_casual", "swa_out_cache_loc", "request_window_layout (None)", "page_table",
-                        "sparse_page_indices(128)", "sparse_raw_indices(4)")
-FORWARD_BATCH_FIELDS = ("forward_mode (real ForwardMode)", "batch_size", "input_ids", "req_pool_indices", "seq_lens",
-                        "seq_lens_cpu (a CPU tensor: .tolist())", "extend_seq_lens", "extend_seq_lens_cpu",
-                        "positions", "out_cache_loc", "global_num_token_non_padded_cpu")
-
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
-
-
-# -- the core metadata the real methods read ---------------------------------------------------------------
-
-@dataclass
-class CoreMetadata(DSV4AttnMetadata):
-    """The harness's core metadata with the names real SGLang code reads; copies are launched device work."""
-
-    request_window_layout: Any = None
-    device: Any = dataclasses.field(default=None, repr=False, compare=False)
-
-    def _launcher(self, op: str):
-        return lambda fn: self.device.launch(op, fn, reads={"meta.fresh": None}, writes={"meta.static": None})
-
-    def copy_(self, other: "CoreMetadata", launch=None) -> None:  # called by the real DSV4Metadata.copy_
-        super().copy_(other, launch or self._launcher("metadata.copy_"))
-
-    def refresh_for_breakable_cuda_graph_replay_(self, other: "CoreMetadata", launch=None) -> None:
-        super().refresh_for_breakable_cuda_graph_replay_(other, launch or self._launcher("metadata.refresh_"))
-
-    def sparse_page_indices(self, ratio: int):
-        return {128: self.c128_page_indices, 4: self.c4_sparse_page_indices}.get(ratio)
-
-    def sparse_raw_indices(self, ratio: int):
-        return self.c4_sparse_raw_indices if ratio == 4 else None
-
-    @classmethod
-    def wrap(cls, core: DSV4AttnMetadata, device) -> "CoreMetadata":
-        values = {f.name: getattr(core, f.name) for f in dataclasses.fields(DSV4AttnMetadata)}
-        return cls(**values, device=device)
+_SHARED_INPUTS = {"fb.req_pool_indices": None, "fb.seq_lens": None, "fb.positions": None, "fb.out_cache_loc": None}
 
 
 @dataclass
@@ -128,58 +90,7 @@ class DeferredChunkCache:
         return self.value
 
 
-@dataclass
-class BatchView:
-    """The ForwardBatch fields the real SGLang methods read, sharing the harness batch's tensors."""
-
-    forward_mode: Any
-    batch_size: int
-    input_ids: torch.Tensor
-    req_pool_indices: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    extend_seq_lens: torch.Tensor
-    extend_seq_lens_cpu: list
-    positions: torch.Tensor
-    out_cache_loc: torch.Tensor
-    harness: ForwardBatch = dataclasses.field(repr=False)
-    global_num_token_non_padded_cpu: Optional[int] = None
-    graph_static: Any = dataclasses.field(default=None, repr=False)  # the bucket's metadata on a replay
-
-
-# -- shims: the harness device as SGLang's device module, streams and pool ----------------------------------
-
-class _EventShim:
-    """`device_module.Event()`: `record()` records on the harness device's current stream."""
-
-    def __init__(self, device, probe):
-        self.device, self.probe, self.event = device, probe, None
-
-    def record(self, stream=None):
-        self.event = self.device.record_event()
-        self.probe.note("publish", stream=self.device.current_stream.name, event=self.event.id)
-
-
-class DeviceModuleShim:
-    def __init__(self, device, probe):
-        self.device, self.probe = device, probe
-
-    def Event(self, *args, **kwargs):  # noqa: N802 - torch.cuda.Event's name
-        return _EventShim(self.device, self.probe)
-
-
-class _StreamShim:
-    """What `Scheduler._apply_war_barrier` calls on `schedule_stream`."""
-
-    def __init__(self, device, stream):
-        self.device, self.stream = device, stream
-
-    def wait_event(self, event: _EventShim) -> None:
-        self.device.wait_event(self.stream, event.event)
-
-    def wait_stream(self, other: "_StreamShim") -> None:
-        self.device.wait_stream(self.stream, other.stream)
-
+# -- shims: what the real backend and the publisher read of the pool ----------------------------------------
 
 class PoolShim:
     """`token_to_kv_pool` as the real backend reads it, over the harness's pool."""
@@ -206,16 +117,6 @@ class PoolShim:
         return fresh
 
 
-class _ActiveCP:
-    """A CP strategy that applies to every CP-capable batch: the harness's `cp_active` flag."""
-
-    kind = "harness-cp-active"
-    cp_size = 2
-
-    def can_apply(self, num_tokens, forward_batch) -> bool:
-        return forward_batch.forward_mode.is_context_parallel_extend()
-
-
 class _Worker:
     """A model worker whose `last_shared_read_runner` is the real property of `cls`."""
 
@@ -228,72 +129,31 @@ class _Worker:
         return self._prop.fget(self)
 
 
-# -- the case's SGLang configuration: env flags, memory bag, CP, the window constant --------------------------
+class HarnessModel:
+    """`model_runner.model`: what SGLang's runners call for the forward; the layers are the harness's."""
 
-def _scoped_env(field, value):
-    """`field.override(value)`, or unset (the real default applies) when value is None."""
-    if value is not None:
-        return field.override(value)
+    shared_experts_config = None  # what BaseRunner.model_context reads
 
-    @contextlib.contextmanager
-    def unset():
-        saved = os.environ.pop(field.name, None)
-        try:
-            yield
-        finally:
-            if saved is not None:
-                os.environ[field.name] = saved
-    return unset()
+    def __init__(self, model_runner: "SglangModelRunner"):
+        self.mr = model_runner
 
-
-def _ensure_memory_bag(api) -> None:
-    ctx = api.mods["runtime"].get_context()
-    if ctx.is_config_namespace_published("memory"):
-        return
-    bag = api.mods["runtime"]._ConfigBag("memory")
-    for name, value in (("enable_hierarchical_cache", False), ("hicache_storage_backend", None),
-                        ("enable_lmcache", False)):
-        bag._set(name, value)
-    ctx._config_bags = {**(ctx._config_bags or {}), "memory": bag}
-
-
-@contextlib.contextmanager
-def sglang_config(api, case: Case):
-    """The case's switches, set through SGLang's own configuration objects, for the host-side calls."""
-    flags, envs = case.flags, api.mods["environ"].envs
-    _ensure_memory_bag(api)
-    cp_base = api.mods["cp_base"]
-    saved_cp = cp_base._STRATEGY
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_scoped_env(envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE, flags.SGLANG_ENABLE_PREFILL_WAR_READ_DONE))
-        stack.enter_context(envs.SGLANG_FORCE_COARSE_WAR_BARRIER.override(flags.SGLANG_FORCE_COARSE_WAR_BARRIER))
-        stack.enter_context(envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL))
-        stack.enter_context(api.mods["runtime"].get_memory().override(
-            enable_hierarchical_cache=flags.hierarchical_cache,
-            hicache_storage_backend="file" if flags.hicache_storage else None, enable_lmcache=flags.lmcache))
-        cp_base._STRATEGY = _ActiveCP() if flags.cp_active else None
-        try:
-            yield
-        finally:
-            cp_base._STRATEGY = saved_cp
-
-
-@contextlib.contextmanager
-def swa_window(api, window: int):
-    """SGLang's SWA window is the module constant SWA_WINDOW (128); the harness's models are smaller."""
-    mod = api.mods["backend"]
-    saved, mod.SWA_WINDOW = mod.SWA_WINDOW, window
-    try:
-        yield
-    finally:
-        mod.SWA_WINDOW = saved
+    def forward(self, input_ids, positions, forward_batch, **kwargs) -> torch.Tensor:
+        mr = self.mr
+        mr.bridge_delay()
+        fb = mr.replay_batch if mr.replay_batch is not None else mr.live_batch
+        if fb is None:
+            raise RuntimeError("SGLang called the model's forward outside a batch of the harness")
+        if forward_batch.forward_mode.is_idle():
+            return torch.zeros(0)
+        return mr.run_model(fb, forward_batch)
 
 
 # -- the session --------------------------------------------------------------------------------------------
 
 class SglangSession(ReferenceSession):
-    """Pools, world loading and the harness's model parts come from the reference session; the decisions,
-    the snapshot, the publication and the barrier are SGLang's."""
+    """Pools, world loading and the harness's model parts come from the reference session; the runner,
+    the metadata's copy and refresh, the decisions, the snapshot, the publication and the scheduler's
+    loop and barrier are SGLang's."""
 
     # What triage checks on the real backend: the methods this target drives for real (metadata init and
     # the model forward are the harness's, so their attribute needs are not the object's contract here).
@@ -307,36 +167,49 @@ class SglangSession(ReferenceSession):
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
+        published_namespaces(api)
+        self.bridge = CudaEventBridge(device, self.probe) if device.kind == "cuda" else None
         self.model_runner = SglangModelRunner(self)
-        sched_mod = api.mods["scheduler"]
         spec = self.model_runner.spec_algorithm
         if spec.is_none():
             worker = _Worker(api.mods["tp_worker"].BaseTpWorker, model_runner=self.model_runner)
         else:
             worker = _Worker(api.mods["spec_worker"].BaseSpecWorker,
                              target_worker=SimpleNamespace(model_runner=self.model_runner))
-        # Scheduler.__init__ computes `is_cuda() or SGLANG_ENABLE_WAR_BARRIER`: the harness models a CUDA host.
-        self.scheduler_stub = SimpleNamespace(_war_barrier_enabled=True, model_worker=worker,
-                                              schedule_stream=_StreamShim(device, device.schedule_stream),
-                                              forward_stream=_StreamShim(device, device.forward_stream))
-        self.scheduler = _SglangBarrierScheduler(
-            device, self.model_runner, case.flags,
-            real_barrier=lambda: sched_mod.Scheduler._apply_war_barrier(self.scheduler_stub))
+        if self.bridge is None:
+            streams = [SimStream(device, s) for s in (device.schedule_stream, device.forward_stream)]
+        else:
+            streams = [CudaStream(device, s, self.bridge) for s in (device.schedule_stream, device.forward_stream)]
+        self.scheduler = SchedulerShell(api, device_module=self.model_runner.device_module,
+                                        schedule_stream=streams[0], forward_stream=streams[1], model_worker=worker,
+                                        models_cuda=device.kind == "cuda")
 
     def load(self, world) -> ForwardBatch:
         """The reference's allocation, with the per-batch tensors in SGLang's dtypes: `seq_lens` and
-        `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here). The
-        dtype matters: the real chunk cache keeps `seq_lens.to(torch.int32)`, a private copy only when the
-        batch's tensor is not already int32 (an int32 one would be aliased and re-read by every layer)."""
+        `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here)."""
         fb = super().load(world)
         return dataclasses.replace(fb, seq_lens=fb.seq_lens.to(torch.int64),
                                    req_pool_indices=fb.req_pool_indices.to(torch.int64))
 
     def step(self, fb, *, graph, process_batch_result, after_launch):
-        """The reference's overlap-loop iteration, under SGLang's config, with SGLang's `_apply_war_barrier`."""
-        with sglang_config(self.api, self.case):
-            return super().step(fb, graph=graph, process_batch_result=process_batch_result,
-                                after_launch=after_launch)
+        """One batch through SGLang's overlap loop: its run_batch is the session's forward."""
+        mr = self.model_runner
+        batch = ShellBatch(mr.sglang_mode(fb), mr.spec_algorithm, fb)
+        with sglang_config(self.api, self.case), mr.device_binding():
+            return self.scheduler.iterate(batch, forward=lambda: self.forward(fb, graph=graph),
+                                          process=process_batch_result, after_launch=after_launch)
+
+    def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
+        mr, dev = self.model_runner, self.device
+        self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
+        with dev.stream(dev.forward_stream):
+            out = mr.forward(fb, graph=graph)
+            if fb.forward_mode.is_idle():
+                return {}
+            outputs = {"attention": out}
+            self.harness_runner.attn_backend.forward_metadata = mr.attn_backend.forward_metadata
+            outputs.update(self.harness_runner.run_speculative_tail(fb))
+        return outputs
 
     def chunk_cache(self):
         """The real SparsePrefillChunkCache of the last forward, if one was built (after synchronize)."""
@@ -345,76 +218,196 @@ class SglangSession(ReferenceSession):
         return holder.value if isinstance(holder, DeferredChunkCache) else holder
 
 
-class _SglangBarrierScheduler(Scheduler):
-    """One overlap-loop iteration as the reference runs it, the barrier being SGLang's own."""
-
-    def __init__(self, device, model_runner, flags, *, real_barrier):
-        super().__init__(device, model_runner, flags)
-        self._real_barrier = real_barrier
-
-    def _apply_war_barrier(self) -> None:
-        self._real_barrier()
-
-
 class SglangModelRunner:
-    """What SGLang's ModelRunner is to the real code: the spec algorithm, the backend and the event mailbox."""
+    """What SGLang's ModelRunner is to the real code: the device, the spec algorithm, the backend, the
+    model, the event mailbox and the runners."""
 
     def __init__(self, session: SglangSession):
         api, case, device = session.api, session.case, session.device
-        self.session, self.api, self.case, self.device = session, api, case, device
+        self.session, self.api, self.case = session, api, case
+        self.harness_device = device
         self.probe = session.probe
         self.harness = session.harness_runner
         self.token_to_kv_pool = session.token_to_kv_pool  # what the HiCache backup copies
         self.spec_algorithm = api.mods["spec"].SpeculativeAlgorithm.from_string(case.spec.name)
         self.shared_read_done_event = None
-        self.device_module = DeviceModuleShim(device, self.probe)
+        self.device = "cuda" if device.kind == "cuda" else register_sim_device()
+        self.device_module = torch.get_device_module(self.device)
+        self.device_timer = None
+        self.support_pp, self.is_generation = False, True
+        real = api.mods["model_runner"].ModelRunner
+        self._pp_kwargs = MethodType(real._pp_kwargs, self)
+        self._extend_forward_kwargs = MethodType(real._extend_forward_kwargs, self)
+        self.model = HarnessModel(self)
+        self.live_batch: Optional[ForwardBatch] = None  # the harness batch of the forward in flight
+        self.replay_batch: Optional[ForwardBatch] = None  # its padded form during a graph replay
+        self.replay_static = None  # the bucket's static metadata during a graph replay
         self.attn_backend = self._build_backend()
+        self.eager_runner = self._build_eager_runner()
         self.graph_runner = SglangPrefillGraphRunner(self, contract=case.graph_contract)
 
-    # -- the object-built backend ------------------------------------------------------------------
+    # -- the device the real code sees ---------------------------------------------------------
+
+    def device_binding(self):
+        session = self.session
+        if session.bridge is not None:
+            return session.bridge.bound()
+        return SimDeviceModule.bind(self.harness_device, self.probe)
+
+    def bridge_delay(self) -> None:
+        """On CUDA the race delay follows an event SGLang recorded on the forward stream (the simulator's
+        `record_event` adds it itself): the forward's first work after the publish waits it out."""
+        bridge = self.session.bridge
+        if bridge is not None and bridge.pending_delay:
+            bridge.pending_delay = False
+            self.harness_device.delay(self.harness_device.race_delay)
+
+    # -- the object-built backend and eager runner -----------------------------------------------
 
     def _build_backend(self):
         api, session = self.api, self.session
+        tdev = self.harness_device.torch_device
         backend = object.__new__(api.backend_cls)  # as SGLang's own unit tests build it
         backend.model_runner = self
-        backend.device = self.device.torch_device
+        backend.device = tdev
         backend.req_to_token_pool = session.req_to_token_pool
         backend.req_to_token = session.req_to_token_pool.req_to_token
-        backend.token_to_kv_pool = PoolShim(session.token_to_kv_pool, self.device, self.probe)
+        backend.token_to_kv_pool = PoolShim(session.token_to_kv_pool, self.harness_device, self.probe)
         backend.hisparse_coordinator = object() if self.case.flags.hisparse else None
         backend.forward_metadata = None
-        backend.sparse_prefill_kv_buffer = api.mods["sparse_utils"].SparsePrefillKVBuffer(self.device.torch_device)
+        backend.sparse_prefill_kv_buffer = api.mods["sparse_utils"].SparsePrefillKVBuffer(tdev)
         backend.init_forward_metadata = self._init_forward_metadata
         backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = self._prepare_bcg_replay
         backend._build_sparse_prefill_chunk_cache = self._deferred_chunk_cache
+        resolve_name = ("resolve_prefill_shared_read_ends" if api.semantics == "0.5.23"
+                        else "prepare_prefill_shared_read_snapshot")
+        real_resolve = getattr(backend, resolve_name)
+
+        def resolve_observed(forward_batch, **kwargs):
+            """The real resolver, called through; the probe notes what it decided (for the policy oracle)."""
+            issued = self.builds_issued
+            ends = real_resolve(forward_batch, **kwargs)
+            snapshotted = (ends is api.mods["base_backend"].SharedReadEnds.PRE_REPLAY if api.semantics == "0.5.23"
+                           else getattr(backend.forward_metadata, "prefill_shared_reads_snapshotted", False))
+            if snapshotted:
+                self.probe.note("snapshot", num_qo_tokens=kwargs["num_qo_tokens"], sparse=self.builds_issued > issued)
+            return ends
+
+        setattr(backend, resolve_name, resolve_observed)
         self._build_label = "sparse_prefill_cache.build"
         self.builds_issued = 0
         return backend
 
-    def _fresh_metadata(self, fb: ForwardBatch):
-        core = CoreMetadata.wrap(self.harness.attn_backend.build_core_metadata(fb), self.device)
-        return self.api.mods["backend"].DSV4Metadata(core_attn_metadata=core, indexer_metadata=None)
+    def _build_eager_runner(self):
+        """SGLang's EagerRunner as `ModelRunner.init_backends` has it, without its warmup (no model)."""
+        api, sizes = self.api, self.session.sizes
+        runner = object.__new__(api.mods["eager_runner"].EagerRunner)
+        runner.model_runner = self
+        runner.device, runner.device_module = self.device, self.device_module
+        runner.enable_pdmux = False
+        max_tokens = sizes.max_reqs * sizes.max_context
+        with api.mods["runtime"].get_parallel().override(num_dp_ranks=1):
+            runner._eager_registry = api.mods["buffer_registry"].build_eager_registry(
+                device=self.harness_device.torch_device, max_bs=sizes.max_reqs, max_num_token=max_tokens,
+                cache_loc_dtype=torch.int64)
+        return runner
 
-    def _init_forward_metadata(self, view: BatchView) -> None:
-        """Replaced: the harness's metadata init (the real one plans FlashMLA and JIT kernels)."""
-        fresh = self._fresh_metadata(view.harness)
-        static = view.graph_static
+    # -- batches as SGLang's ForwardBatch --------------------------------------------------------
+
+    def sglang_mode(self, fb: ForwardBatch):
+        return self.api.mods["forward"].ForwardMode[_MODE_NAMES.get(fb.forward_mode, fb.forward_mode.name)]
+
+    def sglang_batch(self, fb: ForwardBatch, mode=None):
+        """A real ForwardBatch over the harness batch's tensors (what the scheduler hands the runner)."""
+        real = self.api.mods["forward"].ForwardBatch
+        return real(forward_mode=mode if mode is not None else self.sglang_mode(fb), batch_size=fb.batch_size,
+                    input_ids=fb.input_ids, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens,
+                    out_cache_loc=fb.out_cache_loc, seq_lens_sum=sum(fb.seq_lens_cpu),
+                    seq_lens_cpu=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64), positions=fb.positions,
+                    extend_seq_lens=fb.extend_seq_lens, extend_seq_lens_cpu=list(fb.extend_seq_lens_cpu),
+                    extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm)
+
+    def as_loaded(self, forward_batch) -> ForwardBatch:
+        """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
+        `load_batch`: the static buffers), so the harness's metadata gathers read what SGLang would."""
+        fb = self.replay_batch if self.replay_batch is not None else self.live_batch
+        if self.replay_batch is not None:  # a replay's metadata covers the padded rows
+            return fb
+        return dataclasses.replace(fb, req_pool_indices=forward_batch.req_pool_indices, seq_lens=forward_batch.seq_lens,
+                                   positions=forward_batch.positions, out_cache_loc=forward_batch.out_cache_loc)
+
+    # -- forward ---------------------------------------------------------------------------------
+
+    def forward(self, fb: ForwardBatch, *, graph: bool) -> torch.Tensor:
+        """`ModelRunner._forward_raw`'s part: the forward context, then the graph runner or the eager one."""
+        contexts = self.api.mods["forward_context"]
+        batch = self.sglang_batch(fb)
+        self.live_batch = fb
+        try:
+            with contexts.forward_context(contexts.ForwardContext(attn_backend=self.attn_backend), forward_batch=batch):
+                # The prefill graph runner takes extends (not decode, not target-verify: can_replay_locally refuses it).
+                if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.TARGET_VERIFY, HForwardMode.IDLE)
+                        and self.graph_runner.can_run_graph(fb.num_tokens)):
+                    return self.graph_runner.execute(fb)
+                return self.eager_runner.execute(batch)
+        finally:
+            self.live_batch = None
+
+    def run_model(self, fb: ForwardBatch, view, store_compressed=None) -> torch.Tensor:
+        dims = self.case.dims
+        out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
+                          device=self.harness_device.torch_device)
+        self.forward_layers(fb, view, out, store_compressed)
+        return out
+
+    # -- the replaced metadata init --------------------------------------------------------------
+
+    def _fresh_metadata(self, fb: ForwardBatch):
+        """The real DSV4Metadata around a real DSV4AttnMetadata whose fields the harness's gathers fill."""
+        core = self.harness.attn_backend.build_core_metadata(fb)
+        mods, tdev = self.api.mods, self.harness_device.torch_device
+        ratios = tuple(sorted({r for r in self.case.dims.layer_ratios if r}))
+        real = mods["backend"].DSV4AttnMetadata(
+            page_size=core.page_size, page_table=core.page_table, raw_out_loc=core.raw_out_loc,
+            cuda_int32_kwargs={"dtype": torch.int32, "device": tdev}, seq_lens_casual=core.seq_lens_casual,
+            positions_casual=core.positions_casual, swa_page_indices=core.swa_page_indices,
+            swa_topk_lengths=core.swa_topk_lengths, index_topk=core.index_topk, present_ratios=ratios,
+            swa_out_cache_loc=core.swa_out_cache_loc, c4_out_loc=core.c4_out_loc,
+            c4_topk_lengths_raw=core.c4_topk_lengths_raw, c4_topk_lengths_clamp1=core.c4_topk_lengths_clamp1,
+            c128_out_loc=core.c128_out_loc, c128_page_indices=core.c128_page_indices,
+            c128_topk_lengths_clamp1=core.c128_topk_lengths_clamp1)
+        real.set_sparse_topk(4, page_indices=core.c4_sparse_page_indices, topk_lengths=core.c4_sparse_topk_lengths,
+                             raw_indices=core.c4_sparse_raw_indices)
+        for ratio in (0, 1, 2, 4, 128):  # FlashMLA's plans: not made here (no FlashMLA)
+            setattr(real, f"c{ratio}_flashmla_metadata", None)
+        return mods["backend"].DSV4Metadata(core_attn_metadata=real, indexer_metadata=None)
+
+    def _init_forward_metadata(self, forward_batch) -> None:
+        """Replaced: the harness's metadata init (the real one plans FlashMLA and JIT kernels). During a
+        graph replay the fresh metadata goes into the bucket's static metadata by SGLang's own `copy_`."""
+        fresh = self._fresh_metadata(self.as_loaded(forward_batch))
+        static = self.replay_static
         backend = self.attn_backend
         if static is None:
             backend.forward_metadata = fresh
             return
-        static.copy_(fresh)  # the real DSV4Metadata.copy_: in-place core copy, sparse_prefill_cache = None
+        with self.harness_device.host_work("DSV4Metadata.copy_", reads={"meta.fresh": None},
+                                           writes={"meta.static": None}):
+            static.copy_(fresh)
         self._note_reuse(static)
         backend.forward_metadata = static
 
-    def _prepare_bcg_replay(self, capture_metadata, forward_batch: BatchView, *, static_forward_batch=None) -> None:
-        """Replaced: rebuild fresh metadata from the padded static batch, refresh the captured object."""
-        batch = static_forward_batch if static_forward_batch is not None else forward_batch
-        fresh = self._fresh_metadata(batch.harness)
-        capture_metadata.refresh_for_breakable_cuda_graph_replay_(fresh)  # real: resets sparse_prefill_cache
+    def _prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
+        """Replaced: fresh metadata from the padded static batch, into the captured object by SGLang's own
+        refresh; `swa_out_cache_loc` is recomputed in-graph by SGLang (a launched copy here)."""
+        fresh = self._fresh_metadata(self.replay_batch)
+        dev = self.harness_device
+        with dev.host_work("DSV4Metadata.refresh_for_breakable_cuda_graph_replay_", reads={"meta.fresh": None},
+                           writes={"meta.static": None}):
+            capture_metadata.refresh_for_breakable_cuda_graph_replay_(fresh)
         dst, src = capture_metadata.core_attn_metadata.swa_out_cache_loc, fresh.core_attn_metadata.swa_out_cache_loc
-        self.device.launch("metadata.swa_out_cache_loc.copy_", lambda: dst.copy_(src),
-                           reads={"meta.fresh": None}, writes={"meta.static": None})
+        dev.launch("metadata.swa_out_cache_loc.copy_", lambda: dst.copy_(src),
+                   reads={"meta.fresh": None}, writes={"meta.static": None})
         self._note_reuse(capture_metadata)
         self.attn_backend.forward_metadata = capture_metadata
 
@@ -422,9 +415,9 @@ class SglangModelRunner:
         self.probe.note("metadata_reuse", cache_reset=metadata.sparse_prefill_cache is None,
                         flag_reset=not getattr(metadata, "prefill_shared_reads_snapshotted", False))
 
-    def _deferred_chunk_cache(self, forward_batch: BatchView, core_attn_metadata, *, num_qo_tokens: int):
+    def _deferred_chunk_cache(self, forward_batch, core_attn_metadata, *, num_qo_tokens: int):
         """The real `_build_sparse_prefill_chunk_cache`, run inside a launched closure; returns its holder."""
-        api, backend, dev = self.api, self.attn_backend, self.device
+        api, backend, dev = self.api, self.attn_backend, self.harness_device
         holder = DeferredChunkCache(num_qo_tokens, self._build_label)
         metadata = backend.forward_metadata  # bound at issue time, as a launch binds its pointers
         window = self.case.dims.swa_window
@@ -440,86 +433,17 @@ class SglangModelRunner:
             finally:
                 backend.forward_metadata = saved
 
-        rows = frozenset(forward_batch.harness.req_pool_indices_cpu)
+        rows = frozenset((self.replay_batch or self.live_batch).req_pool_indices_cpu)
         dev.launch(self._build_label, run,
                    reads={"req_to_token": rows, "full_to_swa": None, "fb.req_pool_indices": None, "fb.seq_lens": None,
                           "fb.extend_seq_lens": None, "meta.seq_lens_casual": None},
                    writes={"cache.swa_token_ids": None, "cache.c0_combined_indices": None})
+        self._build_label = "sparse_prefill_cache.build"
         return holder
 
-    # -- views and the snapshot note -----------------------------------------------------------------
+    # -- the harness's layers over the real metadata and chunk cache -----------------------------
 
-    def view(self, fb: ForwardBatch, mode=None, graph_static=None) -> BatchView:
-        real_modes = self.api.mods["forward"].ForwardMode
-        mode = mode if mode is not None else real_modes[_MODE_NAMES.get(fb.forward_mode, fb.forward_mode.name)]
-        return BatchView(forward_mode=mode, batch_size=fb.batch_size, input_ids=fb.input_ids,
-                         req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens,
-                         seq_lens_cpu=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64),
-                         extend_seq_lens=fb.extend_seq_lens, extend_seq_lens_cpu=list(fb.extend_seq_lens_cpu),
-                         positions=fb.positions, out_cache_loc=fb.out_cache_loc, harness=fb, graph_static=graph_static)
-
-    def resolve_and_publish(self, view: BatchView, *, num_qo_tokens: int, resolve: Callable[[], Any]) -> None:
-        """The runner's WAR boundary: resolve (0.5.23) or prepare the snapshot (PR era), then the real publisher."""
-        issued = self.builds_issued
-        self._build_label = "sparse_prefill_cache.build"
-        publish = self.api.mods["publisher"].maybe_publish_prefill_shared_read_done
-        if self.api.semantics == "0.5.23":
-            ends = resolve()
-            if ends is self.api.mods["base_backend"].SharedReadEnds.PRE_REPLAY:
-                self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=self.builds_issued > issued)
-            publish(self, ends, self.device_module)
-        else:
-            resolve()
-            if getattr(self.attn_backend.forward_metadata, "prefill_shared_reads_snapshotted", False):
-                self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=self.builds_issued > issued)
-            publish(self, view, self.device_module)
-
-    # -- forward -----------------------------------------------------------------------------------
-
-    def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
-        self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
-        if fb.forward_mode.is_idle():
-            return {}
-        # The prefill graph runner takes extends (not decode, not target-verify: can_replay_locally refuses it).
-        if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
-                and self.graph_runner.can_run_graph(fb.num_tokens)):
-            out = self.graph_runner.execute(fb)
-        else:
-            out = self.eager_forward(fb)
-        outputs = {"attention": out}
-        self.harness.attn_backend.forward_metadata = self.attn_backend.forward_metadata
-        outputs.update(self.harness.run_speculative_tail(fb))
-        return outputs
-
-    def eager_forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """`EagerRunner.execute` / `_execute_extend` / `_execute_decode`, replicated: the model is not built."""
-        api, backend = self.api, self.attn_backend
-        modes = api.mods["forward"].ForwardMode
-        view = self.view(fb)
-        if view.forward_mode == modes.MIXED and api.mods["cp_base"].get_cp_strategy() is None:
-            view.forward_mode = modes.EXTEND  # EagerRunner.execute: a mixed batch runs as EXTEND
-        if view.forward_mode.is_decode():
-            backend.init_forward_metadata(view)
-        elif view.forward_mode.is_extend(include_draft_extend_v2=True):
-            backend.init_forward_metadata(view)
-            n = len(view.input_ids)
-            if api.semantics == "0.5.23":
-                resolve = lambda: backend.resolve_prefill_shared_read_ends(view, num_qo_tokens=n)  # noqa: E731
-            else:
-                resolve = lambda: backend.prepare_prefill_shared_read_snapshot(view, num_qo_tokens=n)  # noqa: E731
-            self.resolve_and_publish(view, num_qo_tokens=n, resolve=resolve)
-        else:
-            raise ValueError(f"Invalid forward mode for eager runner: {view.forward_mode}")
-        return self.run_model(fb, view)
-
-    def run_model(self, fb: ForwardBatch, view: BatchView, store_compressed=None) -> torch.Tensor:
-        dims = self.case.dims
-        out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
-                          device=self.device.torch_device)
-        self.forward_layers(fb, view, out, store_compressed)
-        return out
-
-    def forward_layers(self, fb: ForwardBatch, view: BatchView, out: torch.Tensor, store_compressed=None) -> None:
+    def forward_layers(self, fb: ForwardBatch, view, out: torch.Tensor, store_compressed=None) -> None:
         api, backend, harness = self.api, self.attn_backend, self.harness.attn_backend
         harness.forward_metadata = backend.forward_metadata
         rows = fb.num_tokens
@@ -540,7 +464,7 @@ class SglangModelRunner:
             else:
                 harness._attend_dense(fb, layer, out)
 
-    def _store_swa(self, fb: ForwardBatch, view: BatchView, layer: int) -> None:
+    def _store_swa(self, fb: ForwardBatch, view, layer: int) -> None:
         backend = self.attn_backend
         loc = backend.get_swa_out_cache_loc(view)  # real: the snapshot, or a re-translation through the live map
         cached = loc is backend.forward_metadata.core_attn_metadata.swa_out_cache_loc
@@ -549,11 +473,11 @@ class SglangModelRunner:
         def store():
             swa_kv[layer].index_copy_(0, loc.long(), fb.kv_new[layer])
 
-        self.device.launch(f"layer{layer}.store_swa", store,
-                           reads={"meta.swa_out_cache_loc" if cached else "tmp.swa_loc": None},
-                           writes={f"swa_kv[{layer}]": None})
+        self.harness_device.launch(f"layer{layer}.store_swa", store,
+                                   reads={"meta.swa_out_cache_loc" if cached else "tmp.swa_loc": None},
+                                   writes={f"swa_kv[{layer}]": None})
 
-    def _attend_sparse(self, fb: ForwardBatch, view: BatchView, layer: int, out: torch.Tensor) -> None:
+    def _attend_sparse(self, fb: ForwardBatch, view, layer: int, out: torch.Tensor) -> None:
         """`_forward_prefill_sparse` with FlashMLA replaced: the real cache's combined indices over a workspace
         gathered from the harness's KV (compressed region first, then the SWA region, SGLang's layout)."""
         backend, harness, dims = self.attn_backend, self.harness.attn_backend, self.case.dims
@@ -600,13 +524,15 @@ class SglangModelRunner:
             reads["meta.page_table"] = None
             if hisparse:
                 reads["full_to_hisparse"] = None
-        self.device.launch(f"layer{layer}.attention.sparse", attend, reads=reads,
+        self.harness_device.launch(f"layer{layer}.attention.sparse", attend, reads=reads,
                            writes={"out": None, "cache.compressed": None})
 
 
 class SglangPrefillGraphRunner:
     """The prefill graph runner: graphs emulated as in the reference (captured KV stores keep their tensors),
-    the replay's metadata prep and WAR boundary through the real `_prepare_forward_metadata_for_replay`."""
+    the replay's metadata prep and WAR boundary through the real `_prepare_forward_metadata_for_replay`,
+    handed the live batch and the padded static batch as SGLang's replay `load_batch` hands them, then the
+    real publisher with the runner's device module."""
 
     def __init__(self, model_runner: SglangModelRunner, *, contract: str):
         api = model_runner.api
@@ -616,7 +542,8 @@ class SglangPrefillGraphRunner:
         self.graphs: dict[int, list] = {}
         self.static_inputs: dict[int, ForwardBatch] = {}
         self.stub = SimpleNamespace(model_runner=model_runner, _is_full_backend=False,
-                                    use_captured_attn_metadata=contract == "bcg", attn_metadata_buffers={})
+                                    use_captured_attn_metadata=contract == "bcg", attn_metadata_buffers={},
+                                    device_module=model_runner.device_module)
 
     def _bucket(self, num_tokens: int) -> Optional[int]:
         if num_tokens < 1 or num_tokens > self.capture_bs[-1]:
@@ -628,6 +555,15 @@ class SglangPrefillGraphRunner:
         factor = self.api.mods["graph_runner"]._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
         return bucket is not None and bucket <= num_tokens * factor
 
+    @contextlib.contextmanager
+    def _replaying(self, padded: ForwardBatch, static) -> Any:
+        mr = self.mr
+        mr.replay_batch, mr.replay_static = padded, static
+        try:
+            yield
+        finally:
+            mr.replay_batch, mr.replay_static = None, None
+
     def execute(self, fb: ForwardBatch) -> torch.Tensor:
         mr, api = self.mr, self.api
         bucket = self._bucket(fb.num_tokens)
@@ -638,25 +574,27 @@ class SglangPrefillGraphRunner:
         self._load_static_inputs(bucket, padded)
         static = self.static_metadata[bucket]
         modes = api.mods["forward"].ForwardMode
-        live = mr.view(padded, graph_static=static)
-        static_view = mr.view(padded, mode=modes.EXTEND if live.forward_mode == modes.MIXED else live.forward_mode,
-                              graph_static=static)  # MIXED replays the EXTEND-captured graphs
-        if api.semantics == "0.5.23":
-            shape_key = api.mods["shape_key"].ShapeKey(size=bucket)
-            self.stub.attn_metadata_buffers = {shape_key: static}
-            prepare = api.mods["graph_runner"].PrefillCudaGraphRunner._prepare_forward_metadata_for_replay
-            mr.resolve_and_publish(live, num_qo_tokens=bucket,
-                                   resolve=lambda: prepare(self.stub, live, static_view, shape_key))
-        else:
-            if self.contract == "bcg":
-                mr.attn_backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
-                    static, live, static_forward_batch=static_view)
+        live = mr.sglang_batch(fb)
+        static_view = mr.sglang_batch(padded, mode=modes.EXTEND if live.forward_mode == modes.MIXED
+                                      else live.forward_mode)  # MIXED replays the EXTEND-captured graphs
+        publish = api.mods["publisher"].maybe_publish_prefill_shared_read_done
+        with self._replaying(padded, static):
+            if api.semantics == "0.5.23":
+                shape_key = api.mods["shape_key"].ShapeKey(size=bucket)
+                self.stub.attn_metadata_buffers = {shape_key: static}
+                prepare = api.mods["graph_runner"].PrefillCudaGraphRunner._prepare_forward_metadata_for_replay
+                ends = prepare(self.stub, live, static_view, shape_key)
+                publish(mr, ends, self.stub.device_module)
             else:
-                mr.attn_backend.init_forward_metadata(live)
-            mr.resolve_and_publish(live, num_qo_tokens=bucket, resolve=lambda: (
-                mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
-                if self.contract == "fresh" else None))
-        out = mr.run_model(padded, static_view, store_compressed=lambda layer: mr.device.replay(self.graphs[bucket][layer]))
+                if self.contract == "bcg":
+                    mr.attn_backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
+                        static, live, static_forward_batch=static_view)
+                else:
+                    mr.attn_backend.init_forward_metadata(live)
+                    mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
+                publish(mr, live, self.stub.device_module)
+            out = mr.run_model(padded, static_view,
+                               store_compressed=lambda layer: mr.harness_device.replay(self.graphs[bucket][layer]))
         return out[:, : fb.num_tokens]
 
     def _load_static_inputs(self, bucket: int, padded: ForwardBatch) -> None:
@@ -666,7 +604,7 @@ class SglangPrefillGraphRunner:
             static.compressed_new.copy_(padded.compressed_new)
             static.index_k_new.copy_(padded.index_k_new)
 
-        self.mr.device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
+        self.mr.harness_device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
 
     def _capture(self, bucket: int, padded: ForwardBatch) -> None:
         mr = self.mr
@@ -676,11 +614,10 @@ class SglangPrefillGraphRunner:
             padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
         graphs = []
         for layer in range(len(mr.case.dims.layer_ratios)):
-            with mr.device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
+            with mr.harness_device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
                 mr.harness.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
             graphs.append(graph)
         self.graphs[bucket] = graphs
 
 
-__all__ = ["SglangSession", "SglangModelRunner", "BACKEND_ATTRIBUTES", "BACKEND_HOOKS", "CORE_METADATA_FIELDS",
-           "FORWARD_BATCH_FIELDS"]
+__all__ = ["SglangSession", "SglangModelRunner"]
