@@ -31,6 +31,8 @@ PUBLISHER = "srt/model_executor/runner_utils/shared_read_event.py"
 KERNELS = "kernels/ops/attention/dsv4/sparse_prefill_kernels.py"
 GRAPH_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 BASE_GRAPH_RUNNER = "srt/model_executor/runner/base_cuda_graph_runner.py"
+EAGER_RUNNER = "srt/model_executor/runner/eager_runner.py"
+SCHEDULER = "srt/managers/scheduler.py"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,11 @@ class SourceMutant:
     old: str
     new: str
     description: str
+    also: tuple[tuple[str, str], ...] = ()  # further edits of the same file, for a change of two places
+
+    @property
+    def edits(self) -> tuple[tuple[str, str], ...]:
+        return ((self.old, self.new),) + self.also
 
 
 MUTANTS = (
@@ -122,6 +129,59 @@ MUTANTS = (
                  "        index = bisect.bisect_left(buckets, raw_size)\n",
                  "        index = min(bisect.bisect_right(buckets, raw_size), len(buckets) - 1)\n",
                  "a token count equal to a bucket pads to the next bucket"),
+    # -- the eager runner, the scheduler's loop and barrier, the metadata's field lists (issue: real runners)
+    SourceMutant("eager_mixed_kept_mixed", EAGER_RUNNER,
+                 "            if mode.is_mixed() and not is_npu() and get_cp_strategy() is None:\n",
+                 "            if False and mode.is_mixed() and not is_npu() and get_cp_strategy() is None:\n",
+                 "EagerRunner.execute no longer runs a mixed batch as EXTEND (its prefill loses the fast path)"),
+    SourceMutant("eager_init_condition_inverted", EAGER_RUNNER,
+                 "            forward_batch.needs_forward_metadata_init()\n            or cp_active\n",
+                 "            not forward_batch.needs_forward_metadata_init()\n            or cp_active\n",
+                 "_execute_extend plans metadata (and resolves, publishes) only for batches already planned"),
+    SourceMutant("eager_snapshot_at_request_count", EAGER_RUNNER,
+                 "                    num_qo_tokens=len(forward_batch.input_ids),\n",
+                 "                    num_qo_tokens=forward_batch.batch_size,\n",
+                 "the eager runner resolves the snapshot for the request count, not the query rows"),
+    SourceMutant("eager_event_module_of_host", EAGER_RUNNER,
+                 "                torch.get_device_module(model_runner.device),\n",
+                 "                torch.get_device_module(\"cpu\"),\n",
+                 "the eager runner publishes through the host's device module (an event that orders nothing)"),
+    SourceMutant("event_recorded_on_new_stream", PUBLISHER,
+                 "    read_done.record()\n", "    read_done.record(device_module.Stream())\n",
+                 "the read-done event is recorded on a fresh stream, not the forward stream"),
+    SourceMutant("barrier_enabled_on_hip_only", SCHEDULER,
+                 "        self._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()\n",
+                 "        self._war_barrier_enabled = _is_hip or envs.SGLANG_ENABLE_WAR_BARRIER.get()\n",
+                 "the WAR barrier's enabling checks the wrong platform: off on CUDA (R21's class, #36054)"),
+    SourceMutant("barrier_keeps_event", SCHEDULER,
+                 "        ev = runner.shared_read_done_event\n        runner.shared_read_done_event = None\n",
+                 "        ev = runner.shared_read_done_event\n",
+                 "_apply_war_barrier leaves the event in the mailbox: a later batch that did not publish waits on it"),
+    SourceMutant("barrier_before_launch", SCHEDULER,
+                 "                batch_result = self.run_batch(batch)\n"
+                 "                # Fence result processing behind this forward's shared reads.\n"
+                 "                self._apply_war_barrier()\n",
+                 "                # Fence result processing behind this forward's shared reads.\n"
+                 "                self._apply_war_barrier()\n"
+                 "                batch_result = self.run_batch(batch)\n",
+                 "the overlap loop fences before run_batch, as before #31687 (R9): result processing overtakes the forward"),
+    SourceMutant("copy_assigns_c4_out_loc", BACKEND,
+                 '"positions_casual",\n                "c4_out_loc",\n                "c128_out_loc",\n',
+                 '"positions_casual",\n                "c128_out_loc",\n',
+                 "DSV4AttnMetadata.copy_ re-binds c4_out_loc, which captured kernels read by address (R18's class)",
+                 also=(('                "swa_out_cache_loc",\n                "c0_flashmla_metadata",\n',
+                        '                "swa_out_cache_loc",\n                "c4_out_loc",\n'
+                        '                "c0_flashmla_metadata",\n'),)),
+    SourceMutant("refresh_assigns_c4_out_loc", BACKEND,
+                 '"positions_casual",\n            "c4_out_loc",\n            "c128_out_loc",\n',
+                 '"positions_casual",\n            "c128_out_loc",\n',
+                 "the breakable-graph refresh re-binds c4_out_loc instead of copying into the captured tensor",
+                 also=(('        reference_assign_fields = [\n            "page_table",\n',
+                        '        reference_assign_fields = [\n            "c4_out_loc",\n            "page_table",\n'),)),
+    SourceMutant("replay_snapshot_at_live_count", GRAPH_RUNNER,
+                 "            num_qo_tokens=shape_key.size,\n            build_snapshot=build_snapshot,\n",
+                 "            num_qo_tokens=len(forward_batch.input_ids),\n            build_snapshot=build_snapshot,\n",
+                 "graph replay snapshots at the live token count, not the padded bucket the replay runs"),
 )
 
 
@@ -142,11 +202,13 @@ def installed_sglang() -> Path:
 def apply(root: Path, mutant: SourceMutant, original: Path) -> None:
     path = root / "sglang" / mutant.file
     text = (original / mutant.file).read_text()
-    if text.count(mutant.old) != 1:
-        raise environment_broken(f"mutant {mutant.name}: its text occurs {text.count(mutant.old)} times in "
-                                 f"{mutant.file} (this sglang is not the one the table was written for)")
+    for old, new in mutant.edits:
+        if text.count(old) != 1:
+            raise environment_broken(f"mutant {mutant.name}: its text occurs {text.count(old)} times in "
+                                     f"{mutant.file} (this sglang is not the one the table was written for)")
+        text = text.replace(old, new)
     path.unlink()  # break the hard link: the installed file stays as it is
-    path.write_text(text.replace(mutant.old, mutant.new))
+    path.write_text(text)
 
 
 def restore(root: Path, mutant: SourceMutant, original: Path) -> None:

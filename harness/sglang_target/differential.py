@@ -49,7 +49,9 @@ def _run(target, case: Case, device_name: str) -> list[dict]:
         session.current_batch = fb
         outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: None, after_launch=lambda: None)
         device.synchronize()
-        if hasattr(session, "chunk_cache"):
+        if batch.mode is ForwardMode.IDLE:  # no forward: what the backend keeps is not this batch's
+            cache = None
+        elif hasattr(session, "chunk_cache"):
             cache = session.chunk_cache()
         else:
             cache = getattr(session.model_runner.attn_backend.forward_metadata, "sparse_prefill_cache", None)
