@@ -52,6 +52,7 @@ class CampaignResult:
     first_detection_seconds: Optional[float] = None
     minimal: Optional[CaseResult] = None
     cases_log: list[dict] = dataclasses.field(default_factory=list)  # one record per counted case, for plots
+    stand_ins: list[dict] = dataclasses.field(default_factory=list)  # the target's stood-in modules, if any
 
     @property
     def findings(self) -> list[Finding]:
@@ -71,6 +72,7 @@ class CampaignResult:
                 for f in self.findings
             ],
             "cases_log": self.cases_log,
+            "stand_ins": self.stand_ins,
         }
 
 
@@ -103,7 +105,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             raise InvalidArgument(f"--from-db: the {profile!r} profile keeps no example database (dev and nightly "
                                   "do); replay with the profile that wrote it")
         phases = [Phase.explicit, Phase.reuse] + ([Phase.shrink] if shrink else [])
-    result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile)
+    result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile,
+                            stand_ins=list(getattr(target, "stand_ins", [])))
     start = time.perf_counter()
 
     failing: dict[tuple[str, str], CaseResult] = {}

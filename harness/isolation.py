@@ -214,7 +214,8 @@ def _serve(request: dict) -> dict:
         result = run_case(target, Case.from_json(request["case"]), request["device"], schedule=request["schedule"],
                           target_spec=request["target_spec"], mutant=request["mutant"], oracles=oracles)
     except HarnessError as exc:
-        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+        kind = next(c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS or c is HarnessError)
+        return {"error": {"type": kind, "message": str(exc)}}
     answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay}
     if request["device"] == "cuda":
         import torch

@@ -148,6 +148,7 @@ def seed_cases(semantics: str) -> list[Case]:
         case(replay, Batch(mode=ForwardMode.MIXED, requests=two, graph=True, mutations=mut), contract="bcg"),
         case(extend, Batch(mode=ForwardMode.DECODE, requests=mixed, mutations=mut)),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, graph=True, mutations=mut)),
+        case(Batch(mode=ForwardMode.MIXED, requests=mixed, mutations=mut)),  # eager: 0.5.23 runs it as EXTEND
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)),
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, hierarchical_cache=True)),
         case(extend, spec=S.EAGLE),

@@ -32,6 +32,7 @@ class SglangTarget:
         self.semantics = self.api.semantics
         self.semantics_supported = (self.api.semantics,)
         self.semantics_detail = self.api.describe()
+        self.stand_ins = self.api.stand_ins.describe()  # compiled extensions that could not load, stood in
         self._contract_breaks: list[str] | None = None
 
     def open(self, case: Case, device):

@@ -3,6 +3,14 @@
 Everything the target calls is looked up here, once, by its SGLang name; whatever is missing is
 reported in one `EnvironmentBroken` naming each missing module or attribute (the CLI exits 3).
 
+On a CUDA host SGLang's modules take their CUDA branches at import, which import its compiled extension
+`sgl_kernel` (package sglang-kernel, built for one torch). Where that extension cannot be loaded (not
+installed, or built for another torch), and only then, it is stood in by a recording module
+(`StandIns`): every attribute is a recorder, and a call of one raises `StandInUsed` (exit 3, BROKEN),
+naming the function and the calling line, and stays recorded so that a caller that swallows the error
+does not hide it. CUDA is never hidden during the import. The stood-in modules are listed in
+`summary.json` and on the page. On the CPU nothing is stood in: SGLang's CPU branches do not import it.
+
 SGLang's Triton metadata kernels (`build_swa_token_ids`, `combine_topk_swa_indices`) run either
 interpreted, on the CPU simulator's tensors, or compiled, on CUDA tensors. Triton fixes that choice for
 the whole process when it is first imported (`TRITON_INTERPRET`), so `prepare_triton` makes it then:
@@ -14,10 +22,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import os
 import sys
 import traceback
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +103,105 @@ _PR_ERA = [
 ]
 
 
+# Compiled extensions SGLang imports on a CUDA host, stood in only where they cannot be loaded.
+COMPILED_EXTENSIONS = ("sgl_kernel",)
+
+
+class StandInUsed(EnvironmentBroken):
+    """SGLang called into a compiled extension that could not be loaded here: the run cannot vouch."""
+
+
+_IMPORTLIB_DIR = os.path.dirname(importlib.__file__)
+
+
+def _is_import_machinery(path: str) -> bool:
+    return path.startswith("<frozen importlib") or path.startswith(_IMPORTLIB_DIR)
+
+
+def _caller() -> str:
+    """The innermost frame outside this module: the line that used the stand-in."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename == __file__ or _is_import_machinery(frame.f_code.co_filename)):
+        frame = frame.f_back
+    if frame is None:
+        return "an unknown caller"
+    path = frame.f_code.co_filename
+    marker = f"{os.sep}sglang{os.sep}"
+    shown = path[path.rfind(marker) + 1:] if marker in path else os.path.basename(path)
+    return f"{frame.f_code.co_name} at {shown}:{frame.f_lineno}"
+
+
+class _Recorder:
+    """An attribute of a stood-in module: its attributes are recorders too; calling one is recorded and raises."""
+
+    def __init__(self, stand_ins: "StandIns", name: str):
+        self._stand_ins, self._name = stand_ins, name
+
+    def __getattr__(self, attr: str) -> "_Recorder":
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Recorder(self._stand_ins, f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        use = f"{self._name}() called by {_caller()}"
+        self._stand_ins.uses.append(use)
+        raise StandInUsed(f"--target sglang: {use}, but {self._name.split('.')[0]} is a stand-in here "
+                          f"({self._stand_ins.reasons[self._name.split('.')[0]]}): the case cannot vouch")
+
+
+class _StandInModule(types.ModuleType):
+    def __init__(self, stand_ins: "StandIns", name: str):
+        super().__init__(name)
+        self.__path__: list[str] = []  # a package: its submodules are stand-ins too
+        self._stand_ins = stand_ins
+
+    def __getattr__(self, attr: str) -> _Recorder:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Recorder(self._stand_ins, f"{self.__name__}.{attr}")
+
+
+class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The recording stand-ins for compiled extensions that cannot be loaded, as an import finder."""
+
+    def __init__(self):
+        self.reasons: dict[str, str] = {}  # top-level module -> why it could not be loaded
+        self.importers: dict[str, list[str]] = {}  # module -> the lines that imported it
+        self.uses: list[str] = []  # every call of a recorder, in order
+
+    def stand_in_unloadable(self, names) -> None:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except (ImportError, OSError) as exc:
+                for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                    del sys.modules[loaded]
+                self.reasons[name] = f"{type(exc).__name__}: {exc}"[:300]
+        if self.reasons and self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname.split(".")[0] in self.reasons:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec) -> _StandInModule:
+        self.importers.setdefault(spec.name, []).append(_caller())
+        return _StandInModule(self, spec.name)
+
+    def exec_module(self, module) -> None:
+        """A stand-in has no code to run."""
+
+    def describe(self) -> list[dict]:
+        return [{"module": name, "reason": why, "imported_by": self.importers.get(name, [])[:3]}
+                for name, why in self.reasons.items()]
+
+    def check_unused(self, since: int) -> None:
+        """A case that called a stand-in cannot vouch, even if the caller swallowed the error."""
+        if len(self.uses) > since:
+            raise StandInUsed(f"--target sglang: the case called stood-in compiled code: {self.uses[since]}")
+
+
 @dataclass
 class SglangApi:
     """The real SGLang objects, by role."""
@@ -101,6 +211,7 @@ class SglangApi:
     semantics_detail: str
     kernels_on: str = "cpu"  # "cpu": Triton kernels interpreted; "cuda": compiled
     mods: dict[str, Any] = field(default_factory=dict)
+    stand_ins: StandIns = field(default_factory=StandIns)
 
     @property
     def backend_cls(self):
@@ -149,6 +260,9 @@ def _import_failure(module: str, exc: Exception) -> str:
 def load_api() -> SglangApi:
     """Import sglang (once) and check that every real object the target drives is present."""
     prepare_triton()
+    stand_ins = StandIns()
+    if os.environ.get("TRITON_INTERPRET") != "1":  # a CUDA host: SGLang's CUDA branches import its extensions
+        stand_ins.stand_in_unloadable(COMPILED_EXTENSIONS)
     try:
         from importlib.metadata import PackageNotFoundError, version as dist_version
 
@@ -215,7 +329,8 @@ def load_api() -> SglangApi:
     kernels_on = _check_kernels(mods["kernels"], version)
     if kernels_on == "cpu":
         _tune_interpreter(mods["kernels"])
-    return SglangApi(version=version, semantics=semantics, semantics_detail=detail, kernels_on=kernels_on, mods=mods)
+    return SglangApi(version=version, semantics=semantics, semantics_detail=detail, kernels_on=kernels_on, mods=mods,
+                     stand_ins=stand_ins)
 
 
 def _check_kernels(kernels, version: str) -> str:

@@ -56,8 +56,9 @@ class SimStream:
         return self.stream.id
 
     def wait_event(self, event: "SimEvent") -> None:
-        if event.recorded is not None:  # CUDA: waiting on an event never recorded is a no-op
-            self.device.wait_event(self.stream, event.recorded)
+        recorded = getattr(event, "recorded", None)  # another device's event records nothing here
+        if recorded is not None:  # CUDA: waiting on an event never recorded is a no-op
+            self.device.wait_event(self.stream, recorded)
 
     def wait_stream(self, other: "SimStream") -> None:
         self.device.wait_stream(self.stream, other.stream)
@@ -68,23 +69,22 @@ class SimStream:
 
 class SimEvent:
     """`device_module.Event()` on the simulator: `record(stream)` records on that stream, or on the current
-    one; the probe notes each record (where SGLang published, and on which stream)."""
+    one, as CUDA does."""
 
     def __init__(self, *args, **kwargs):
-        self.binding = SimDeviceModule.binding()
+        self.device = SimDeviceModule.bound_device()
         self.recorded: Optional[Event] = None
+        self.stream: Optional[Stream] = None
 
     def record(self, stream: Optional[SimStream] = None) -> None:
-        device, probe = self.binding
-        target = stream.stream if stream is not None else device.current_stream
-        self.recorded = device.record_event(target)
-        probe.note("publish", stream=target.name, event=self.recorded.id)
+        self.stream = stream.stream if stream is not None else self.device.current_stream
+        self.recorded = self.device.record_event(self.stream)
 
 
 class SimDeviceModule(types.ModuleType):
     """`torch.streamsim`: the device module of the simulator, bound to one session's device at a time."""
 
-    _bound: Optional[tuple[Device, object]] = None
+    _bound: Optional[Device] = None
 
     Event = SimEvent
 
@@ -92,26 +92,26 @@ class SimDeviceModule(types.ModuleType):
         super().__init__(SIM_BACKEND)
 
     @classmethod
-    def binding(cls) -> tuple[Device, object]:
+    def bound_device(cls) -> Device:
         if cls._bound is None:
             raise RuntimeError(f"torch.{SIM_BACKEND} used outside a session: no simulator device is bound")
         return cls._bound
 
     @classmethod
     @contextlib.contextmanager
-    def bind(cls, device: Device, probe) -> Iterator[None]:
-        saved, cls._bound = cls._bound, (device, probe)
+    def bind(cls, device: Device) -> Iterator[None]:
+        saved, cls._bound = cls._bound, device
         try:
             yield
         finally:
             cls._bound = saved
 
     def Stream(self, *args, **kwargs) -> SimStream:  # noqa: N802 - torch's name
-        device = self.binding()[0]
+        device = self.bound_device()
         return SimStream(device, device.new_stream("sglang-new"))
 
     def current_stream(self, device=None) -> SimStream:
-        device = self.binding()[0]
+        device = self.bound_device()
         return SimStream(device, device.current_stream)
 
     @contextlib.contextmanager
@@ -120,7 +120,7 @@ class SimDeviceModule(types.ModuleType):
             yield
 
     def synchronize(self, device=None) -> None:
-        self.binding()[0].synchronize()
+        self.bound_device().synchronize()
 
     @staticmethod
     def is_available() -> bool:
@@ -142,31 +142,34 @@ def register_sim_device() -> str:
 
 # -- CUDA: real events, seen through torch's GPU trace ------------------------------------------------------
 
-def _sglang_frame() -> bool:
-    marker = f"{os.sep}sglang{os.sep}"
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_SGLANG_MARK = f"{os.sep}sglang{os.sep}"
+
+
+def _issued_by_sglang() -> bool:
+    """Whether the first frame above torch's own (the code that called torch) is SGLang's."""
     frame = sys._getframe(2)
-    while frame is not None:
-        if marker in frame.f_code.co_filename:
-            return True
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
         frame = frame.f_back
-    return False
+    return frame is not None and _SGLANG_MARK in frame.f_code.co_filename
 
 
 class CudaEventBridge:
-    """Real `torch.cuda.Event`s that SGLang's code records, placed in the tracker where they were recorded.
+    """Real `torch.cuda.Event`s and stream waits of SGLang's code, placed in the happens-before tracker.
 
-    torch's GPU trace calls back on every event record with (event, stream) handles; a record issued by
-    SGLang's code (a frame of the sglang package on the stack) is given a harness event id and recorded in
-    the tracker on the harness stream with that handle, or on a stream of its own when SGLang recorded it
-    on a stream the harness does not own (then it orders nothing). The scheduler's waits map the same
-    handle back."""
+    torch's GPU trace calls back on every event record and wait with (event, stream) handles. A record
+    that SGLang's code issues (directly, or through torch's `Stream.wait_stream`) gets a harness event id
+    and is recorded on the harness stream with that handle, or on a stream of its own when SGLang recorded
+    it on a stream the harness does not own (then it orders nothing); SGLang's waits on such an event are
+    fed to the tracker as waits of the stream they were issued on. The harness's own records and waits
+    feed the tracker themselves and are left alone here."""
 
     _active: Optional["CudaEventBridge"] = None
     _installed = False
 
-    def __init__(self, device: Device, probe):
-        self.device, self.probe = device, probe
-        self.events: dict[int, Event] = {}
+    def __init__(self, device: Device):
+        self.device = device
+        self.events: dict[int, tuple[Event, Stream]] = {}
         self.foreign: dict[int, Stream] = {}
         self.pending_delay = False
 
@@ -176,13 +179,21 @@ class CudaEventBridge:
             return
         torch._C._activate_gpu_trace()
         torch.cuda._gpu_trace.register_callback_for_event_record(cls._on_record)
+        torch.cuda._gpu_trace.register_callback_for_event_wait(cls._on_wait)
         cls._installed = True
 
     @classmethod
     def _on_record(cls, event_handle: int, stream_handle: int) -> None:
         bridge = cls._active
-        if bridge is not None and _sglang_frame():
+        if bridge is not None and _issued_by_sglang():
             bridge.recorded(event_handle, stream_handle)
+
+    @classmethod
+    def _on_wait(cls, event_handle: int, stream_handle: int) -> None:
+        bridge = cls._active
+        if bridge is not None and event_handle in bridge.events and _issued_by_sglang():
+            event, _ = bridge.events[event_handle]
+            bridge.device.tracker.wait(bridge.stream_of(stream_handle).id, event.id)
 
     @contextlib.contextmanager
     def bound(self) -> Iterator[None]:
@@ -193,50 +204,24 @@ class CudaEventBridge:
         finally:
             CudaEventBridge._active = saved
 
-    def _stream_of(self, handle: int) -> Stream:
+    def stream_of(self, handle: int) -> Stream:
+        """The harness stream with this CUDA handle, or a stream of its own for one the harness does not own."""
         for stream in (self.device.forward_stream, self.device.schedule_stream):
             if self.device.native(stream).cuda_stream == handle:
                 return stream
         if handle not in self.foreign:
-            self.foreign[handle] = self.device.new_stream(f"sglang-foreign-{handle:x}")
+            self.foreign[handle] = self.device.new_stream(f"sglang-{handle:x}")
         return self.foreign[handle]
 
     def recorded(self, event_handle: int, stream_handle: int) -> None:
-        stream = self._stream_of(stream_handle)
+        stream = self.stream_of(stream_handle)
         event = Event(self.device._new_event_id())
         self.device.tracker.record(event.id, stream.id)
-        self.events[event_handle] = event
-        self.probe.note("publish", stream=stream.name, event=event.id)
+        self.events[event_handle] = (event, stream)
         self.pending_delay = stream is self.device.forward_stream
 
-    def harness_event(self, native: torch.cuda.Event) -> Optional[Event]:
-        event = self.events.get(native.cuda_event)
-        if event is not None:
-            event.native = native
-        return event
-
-
-class CudaStream:
-    """The scheduler's view of a harness stream on CUDA: its waits go through the harness device."""
-
-    def __init__(self, device: Device, stream: Stream, bridge: CudaEventBridge):
-        self.device, self.stream, self.bridge = device, stream, bridge
-
-    @property
-    def cuda_stream(self) -> int:
-        return self.device.native(self.stream).cuda_stream
-
-    def wait_event(self, native: torch.cuda.Event) -> None:
-        event = self.bridge.harness_event(native)
-        if event is None:  # an event SGLang never recorded: CUDA makes the wait a no-op
-            return
-        self.device.wait_event(self.stream, event)
-
-    def wait_stream(self, other: "CudaStream") -> None:
-        self.device.wait_stream(self.stream, other.stream)
-
-    def synchronize(self) -> None:
-        self.device.synchronize()
+    def where_recorded(self, native) -> Optional[tuple[Event, Stream]]:
+        return self.events.get(getattr(native, "cuda_event", None))
 
 
 # -- the runtime context and the case's switches -------------------------------------------------------

@@ -42,9 +42,11 @@ class ShellBatch:
 class SchedulerShell:
     """The attributes of a Scheduler that `run_event_loop` and `event_loop_overlap` read."""
 
-    def __init__(self, api, *, device_module, schedule_stream, forward_stream, model_worker, models_cuda: bool):
+    def __init__(self, api, *, device_module, schedule_stream, forward_stream, model_worker, harness_device,
+                 harness_stream: Callable[[], Any], models_cuda: bool):
         sched = api.mods["scheduler"]
         self.api, self.models_cuda = api, models_cuda
+        self.harness_device, self.harness_stream = harness_device, harness_stream
         self.device = "cuda"  # the host modelled: SGLang on a CUDA server
         self.device_module = device_module
         self.schedule_stream, self.forward_stream = schedule_stream, forward_stream
@@ -85,7 +87,10 @@ class SchedulerShell:
         return self.outputs
 
     def process_batch_result(self, batch: ShellBatch, result) -> None:
-        self._process()
+        """The harness's mutator, on the stream SGLang's loop is on (its stream context's)."""
+        device = self.harness_device
+        with device.stream(self.harness_stream()):
+            self._process()
 
     def launch_batch_sample_if_needed(self, batch_result, batch) -> None:
         """Sampling reads the logits only: nothing of the shared tables."""

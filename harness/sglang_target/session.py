@@ -65,8 +65,8 @@ from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
-from harness.sglang_target.platform import (CudaEventBridge, CudaStream, SimDeviceModule, SimStream,
-                                            published_namespaces, register_sim_device, sglang_config, swa_window)
+from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, published_namespaces,
+                                            register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
 from harness.target import Classes, ReferenceSession
 
@@ -168,7 +168,7 @@ class SglangSession(ReferenceSession):
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
         published_namespaces(api)
-        self.bridge = CudaEventBridge(device, self.probe) if device.kind == "cuda" else None
+        self.bridge = CudaEventBridge(device) if device.kind == "cuda" else None
         self.model_runner = SglangModelRunner(self)
         spec = self.model_runner.spec_algorithm
         if spec.is_none():
@@ -176,12 +176,14 @@ class SglangSession(ReferenceSession):
         else:
             worker = _Worker(api.mods["spec_worker"].BaseSpecWorker,
                              target_worker=SimpleNamespace(model_runner=self.model_runner))
+        # The scheduler's streams as SGLang holds them: torch's own on CUDA, the simulator's otherwise.
         if self.bridge is None:
             streams = [SimStream(device, s) for s in (device.schedule_stream, device.forward_stream)]
         else:
-            streams = [CudaStream(device, s, self.bridge) for s in (device.schedule_stream, device.forward_stream)]
+            streams = [device.native(s) for s in (device.schedule_stream, device.forward_stream)]
         self.scheduler = SchedulerShell(api, device_module=self.model_runner.device_module,
                                         schedule_stream=streams[0], forward_stream=streams[1], model_worker=worker,
+                                        harness_device=device, harness_stream=self._harness_stream,
                                         models_cuda=device.kind == "cuda")
 
     def load(self, world) -> ForwardBatch:
@@ -195,15 +197,39 @@ class SglangSession(ReferenceSession):
         """One batch through SGLang's overlap loop: its run_batch is the session's forward."""
         mr = self.model_runner
         batch = ShellBatch(mr.sglang_mode(fb), mr.spec_algorithm, fb)
-        with sglang_config(self.api, self.case), mr.device_binding():
-            return self.scheduler.iterate(batch, forward=lambda: self.forward(fb, graph=graph),
-                                          process=process_batch_result, after_launch=after_launch)
+        uses = len(self.api.stand_ins.uses)
+        try:
+            with sglang_config(self.api, self.case), mr.device_binding():
+                return self.scheduler.iterate(batch, forward=lambda: self.forward(fb, graph=graph),
+                                              process=process_batch_result, after_launch=after_launch)
+        finally:
+            self.api.stand_ins.check_unused(uses)
+
+    def _harness_stream(self):
+        """The harness stream SGLang's code is on now: the simulator's current one, or torch's on CUDA."""
+        if self.bridge is None:
+            return self.device.current_stream
+        return self.bridge.stream_of(torch.cuda.current_stream().cuda_stream)
+
+    def _note_publication(self) -> None:
+        """What the runner left in its mailbox for the scheduler's barrier: the publication of this batch
+        (or a stale one), with the stream its event was recorded on."""
+        event = self.model_runner.shared_read_done_event
+        if event is None:
+            return
+        if self.bridge is None:
+            stream, recorded = getattr(event, "stream", None), getattr(event, "recorded", None)
+        else:
+            recorded, stream = self.bridge.where_recorded(event) or (None, None)
+        self.probe.note("publish", stream=stream.name if stream is not None else f"none ({type(event).__name__})",
+                        event=recorded.id if recorded is not None else None)
 
     def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
         mr, dev = self.model_runner, self.device
         self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
         with dev.stream(dev.forward_stream):
             out = mr.forward(fb, graph=graph)
+            self._note_publication()
             if fb.forward_mode.is_idle():
                 return {}
             outputs = {"attention": out}
@@ -252,7 +278,7 @@ class SglangModelRunner:
         session = self.session
         if session.bridge is not None:
             return session.bridge.bound()
-        return SimDeviceModule.bind(self.harness_device, self.probe)
+        return SimDeviceModule.bind(self.harness_device)
 
     def bridge_delay(self) -> None:
         """On CUDA the race delay follows an event SGLang recorded on the forward stream (the simulator's

@@ -1,0 +1,58 @@
+"""The simulator as the device SGLang's code sees (`harness/sglang_target/platform.py`): torch's
+PrivateUse1 device `streamsim`, whose events record on the stream given or on the current one, as CUDA
+does, so that an event SGLang records on the wrong stream orders nothing and the tracker says so."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.device import SimDevice
+from harness.sglang_target.platform import SIM_BACKEND, SimDeviceModule, SimStream, register_sim_device
+
+
+def _program(record_on_schedule: bool):
+    """forward: read the table, record read-done; schedule: wait on it, then write the table."""
+    device = SimDevice()
+    module = torch.get_device_module(register_sim_device())
+    with SimDeviceModule.bind(device):
+        with device.stream(device.forward_stream):
+            device.launch("forward.read", lambda: None, reads={"req_to_token": None})
+            event = module.Event()
+            event.record(SimStream(device, device.schedule_stream) if record_on_schedule else None)
+        SimStream(device, device.schedule_stream).wait_event(event)
+        with device.stream(device.schedule_stream):
+            device.launch("scheduler.write", lambda: None, writes={"req_to_token": None})
+        device.synchronize()
+    return device, event
+
+
+def test_the_simulator_is_the_device_module_sglang_gets():
+    assert register_sim_device() == SIM_BACKEND == register_sim_device()  # once per process
+    assert isinstance(torch.get_device_module(SIM_BACKEND), SimDeviceModule)
+
+
+def test_an_event_recorded_on_the_current_stream_orders_the_scheduler_after_the_read():
+    device, event = _program(record_on_schedule=False)
+    assert event.stream is device.forward_stream
+    assert device.tracker.conflicts == []
+
+
+def test_an_event_recorded_on_the_wrong_stream_orders_nothing_and_the_tracker_sees_the_race():
+    device, event = _program(record_on_schedule=True)
+    assert event.stream is device.schedule_stream
+    [conflict] = device.tracker.conflicts
+    assert conflict.earlier.op == "forward.read" and conflict.later.op == "scheduler.write"
+
+
+def test_host_work_runs_after_what_its_stream_was_given_and_is_tracked():
+    device, seen = SimDevice(), []
+    table = torch.zeros(2)
+    with device.stream(device.forward_stream):
+        device.launch("fill", lambda: table.fill_(7), writes={"meta.fresh": None})
+        with device.host_work("copy_", reads={"meta.fresh": None}, writes={"meta.static": None}):
+            seen.append(table.clone())
+    with device.stream(device.schedule_stream):  # unordered against the host work's read
+        device.launch("overwrite", lambda: None, writes={"meta.fresh": None})
+    device.synchronize()
+    assert seen[0].tolist() == [7.0, 7.0]
+    assert ("copy_", "overwrite") in [(c.earlier.op, c.later.op) for c in device.tracker.conflicts]
