@@ -1,6 +1,7 @@
 """The real-source mutant table (`benchmarks/sglang_source_mutants.py`) against the installed sglang:
-every edit still applies to exactly one place, and the issue's own example (the snapshot step deleted
-from the real backend) is found by a campaign on the mutated copy.
+every edit still applies to exactly one place, and a few of them (the snapshot step deleted from the real
+backend, the scheduler's barrier turned off or moved, a metadata field re-bound) are found by campaigns
+on the mutated copy.
 
 Needs sglang 0.5.23 and its CPU import deps; skipped without them.
 """
@@ -39,12 +40,19 @@ def test_each_edit_applies_to_one_place_in_the_installed_source(mutant):
         assert old != new
 
 
-def test_the_deleted_snapshot_step_is_found_in_a_campaign_on_the_mutated_copy(tmp_path):
+# The issue's own example, and one regression of each kind of code the target drives for real: the
+# scheduler's barrier (its enabling and its place in the loop) and the metadata's field lists.
+FOUND_IN_CI = ("snapshot_step_deleted", "barrier_enabled_on_hip_only", "barrier_before_launch",
+               "copy_assigns_c4_out_loc")
+
+
+def test_regressions_put_back_into_the_real_source_are_found_in_campaigns_on_the_mutated_copy(tmp_path):
     out = tmp_path / "table.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "snapshot_step_deleted", "--examples", "20",
-                           "--out", str(out)], cwd=PROJECT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", ",".join(FOUND_IN_CI), "--examples", "20",
+                           "--out", str(out)], cwd=PROJECT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = json.loads(out.read_text())
     assert table["clean"]["exit_code"] == 0 and table["clean"]["findings"] == 0
-    [row] = table["rows"]
-    assert row["outcome"] == "KILLED" and row["replay"].startswith("python -m harness replay --target sglang"), row
+    assert [row["name"] for row in table["rows"]] == list(FOUND_IN_CI)
+    for row in table["rows"]:
+        assert row["outcome"] == "KILLED" and row["replay"].startswith("python -m harness replay --target sglang"), row

@@ -256,3 +256,41 @@ def test_interface_contract_on_the_real_backend_names_the_reading_line(target, h
     breaks = check_object(backend, entry)
     assert [b.attribute for b in breaks] == ["token_to_kv_pool"]
     assert "sglang/srt/layers/attention/deepseek_v4_backend.py:" in str(breaks[0])
+
+
+def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_device, monkeypatch):
+    """The target calls SGLang's own entry points (no copy of them in the session): each is wrapped with a
+    counting pass-through and must have run, in the order SGLang's overlap loop runs them."""
+    api = target.api
+    mods = api.mods
+    entries = [(mods["eager_runner"].EagerRunner, "execute"), (mods["eager_runner"].EagerRunner, "load_batch"),
+               (mods["scheduler"].Scheduler, "run_event_loop"), (mods["scheduler"].Scheduler, "event_loop_overlap"),
+               (mods["scheduler"].Scheduler, "_apply_war_barrier"), (mods["backend"].DSV4Metadata, "copy_"),
+               (mods["backend"].DSV4AttnMetadata, "copy_"),
+               (mods["backend"].DSV4Metadata, "refresh_for_breakable_cuda_graph_replay_"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "_prepare_forward_metadata_for_replay"),
+               (mods["publisher"], "maybe_publish_prefill_shared_read_done")]
+    calls = []
+
+    def counting(owner, name):
+        real = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            calls.append(name if not isinstance(owner, type) else f"{owner.__name__}.{name}")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, wrapper)
+
+    for owner, name in entries:
+        counting(owner, name)
+    monkeypatch.setattr(mods["eager_runner"], "maybe_publish_prefill_shared_read_done",
+                        mods["publisher"].maybe_publish_prefill_shared_read_done)
+    replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
+    eager = Batch(requests=(Request(3, 5),), mutations=(REWRITE,))
+    for case in (Case(batches=(eager, replay, replay)), Case(graph_contract="bcg", batches=(replay, replay))):
+        result = run_case(target, case, harness_device, target_spec="sglang")
+        assert result.findings == [], [f.message for f in result.findings]
+    assert set(calls) == {f"{o.__name__}.{n}" if isinstance(o, type) else n for o, n in entries}, calls
+    loop = [c for c in calls if c.startswith("Scheduler.")]
+    assert loop[:3] == ["Scheduler.run_event_loop", "Scheduler.event_loop_overlap", "Scheduler._apply_war_barrier"]
+    first_eager = calls.index("EagerRunner.execute")
+    assert calls[first_eager + 1: first_eager + 3] == ["EagerRunner.load_batch", "maybe_publish_prefill_shared_read_done"]

@@ -5,7 +5,7 @@ SGLang's runners and scheduler reach the device through `torch.get_device_module
 and stream objects (`schedule_stream.wait_event`, `wait_stream`). On CUDA those are torch's own: the
 model runner's device is `"cuda"`, SGLang creates and records real `torch.cuda.Event`s on torch's current
 stream (the harness's forward stream), and `CudaEventBridge` tells the happens-before tracker where each
-was recorded, from torch's GPU trace callbacks (what PyTorch's CSAN uses).
+was recorded and which stream waited on it.
 
 On the CPU there are no streams, so the simulator is registered with torch as a device of its own
 (`streamsim`, torch's PrivateUse1 slot renamed) whose module is `SimDeviceModule`: its `Event.record(stream)`
@@ -140,16 +140,17 @@ def register_sim_device() -> str:
     return SIM_BACKEND
 
 
-# -- CUDA: real events, seen through torch's GPU trace ------------------------------------------------------
+# -- CUDA: real events and streams, observed ----------------------------------------------------------------
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _SGLANG_MARK = f"{os.sep}sglang{os.sep}"
 
 
 def _issued_by_sglang() -> bool:
-    """Whether the first frame above torch's own (the code that called torch) is SGLang's."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+    """Whether the first frame outside torch and this module (the code that called torch) is SGLang's."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                 or frame.f_code.co_filename == __file__):
         frame = frame.f_back
     return frame is not None and _SGLANG_MARK in frame.f_code.co_filename
 
@@ -157,52 +158,38 @@ def _issued_by_sglang() -> bool:
 class CudaEventBridge:
     """Real `torch.cuda.Event`s and stream waits of SGLang's code, placed in the happens-before tracker.
 
-    torch's GPU trace calls back on every event record and wait with (event, stream) handles. A record
-    that SGLang's code issues (directly, or through torch's `Stream.wait_stream`) gets a harness event id
-    and is recorded on the harness stream with that handle, or on a stream of its own when SGLang recorded
-    it on a stream the harness does not own (then it orders nothing); SGLang's waits on such an event are
-    fed to the tracker as waits of the stream they were issued on. The harness's own records and waits
-    feed the tracker themselves and are left alone here."""
-
-    _active: Optional["CudaEventBridge"] = None
-    _installed = False
+    While a session's step runs, `torch.cuda.Event` is a subclass of itself (`bound`) whose `record`
+    also tells the bridge: a record issued by SGLang's code gets a harness event id and is recorded in
+    the tracker on the harness stream it was recorded on, or on a stream of its own when SGLang recorded
+    it on a stream the harness does not own (then it orders nothing). The scheduler's streams are torch
+    streams over the harness's (`TrackedStream`), whose `wait_event` / `wait_stream` feed the tracker.
+    The events stay real CUDA events on the real streams. (torch's GPU trace would see the same, but once
+    on it calls into Python at every allocation, also while an exception unwinds, which replaces the
+    system under test's own error with a SystemError.)"""
 
     def __init__(self, device: Device):
         self.device = device
         self.events: dict[int, tuple[Event, Stream]] = {}
         self.foreign: dict[int, Stream] = {}
         self.pending_delay = False
+        real = torch.cuda.Event
+        bridge = self
 
-    @classmethod
-    def _install(cls) -> None:
-        if cls._installed:
-            return
-        torch._C._activate_gpu_trace()
-        torch.cuda._gpu_trace.register_callback_for_event_record(cls._on_record)
-        torch.cuda._gpu_trace.register_callback_for_event_wait(cls._on_wait)
-        cls._installed = True
+        class TrackedEvent(real):
+            def record(self, stream=None):
+                super().record(stream)
+                if _issued_by_sglang():
+                    bridge.recorded(self, stream if stream is not None else torch.cuda.current_stream())
 
-    @classmethod
-    def _on_record(cls, event_handle: int, stream_handle: int) -> None:
-        bridge = cls._active
-        if bridge is not None and _issued_by_sglang():
-            bridge.recorded(event_handle, stream_handle)
-
-    @classmethod
-    def _on_wait(cls, event_handle: int, stream_handle: int) -> None:
-        bridge = cls._active
-        if bridge is not None and event_handle in bridge.events and _issued_by_sglang():
-            event, _ = bridge.events[event_handle]
-            bridge.device.tracker.wait(bridge.stream_of(stream_handle).id, event.id)
+        self._real_event, self._tracked_event = real, TrackedEvent
 
     @contextlib.contextmanager
     def bound(self) -> Iterator[None]:
-        self._install()
-        saved, CudaEventBridge._active = CudaEventBridge._active, self
+        torch.cuda.Event = self._tracked_event
         try:
             yield
         finally:
-            CudaEventBridge._active = saved
+            torch.cuda.Event = self._real_event
 
     def stream_of(self, handle: int) -> Stream:
         """The harness stream with this CUDA handle, or a stream of its own for one the harness does not own."""
@@ -213,15 +200,38 @@ class CudaEventBridge:
             self.foreign[handle] = self.device.new_stream(f"sglang-{handle:x}")
         return self.foreign[handle]
 
-    def recorded(self, event_handle: int, stream_handle: int) -> None:
-        stream = self.stream_of(stream_handle)
-        event = Event(self.device._new_event_id())
-        self.device.tracker.record(event.id, stream.id)
-        self.events[event_handle] = (event, stream)
-        self.pending_delay = stream is self.device.forward_stream
+    def recorded(self, native, stream) -> None:
+        harness_stream = self.stream_of(stream.cuda_stream)
+        event = Event(self.device._new_event_id(), native)
+        self.device.tracker.record(event.id, harness_stream.id)
+        self.events[native.cuda_event] = (event, harness_stream)
+        self.pending_delay = harness_stream is self.device.forward_stream
 
     def where_recorded(self, native) -> Optional[tuple[Event, Stream]]:
         return self.events.get(getattr(native, "cuda_event", None))
+
+    def stream(self, harness_stream: Stream) -> "TrackedStream":
+        tracked = TrackedStream(stream_ptr=self.device.native(harness_stream).cuda_stream)
+        tracked.bridge, tracked.harness = self, harness_stream
+        return tracked
+
+
+class TrackedStream(torch.cuda.ExternalStream):
+    """A harness stream as the torch stream SGLang's scheduler holds; its waits also feed the tracker."""
+
+    bridge: CudaEventBridge
+    harness: Stream
+
+    def wait_event(self, event) -> None:
+        recorded = self.bridge.where_recorded(event)
+        if recorded is not None:
+            self.bridge.device.tracker.wait(self.harness.id, recorded[0].id)
+        super().wait_event(event)
+
+    def wait_stream(self, stream) -> None:
+        other = getattr(stream, "harness", None) or self.bridge.stream_of(stream.cuda_stream)
+        self.bridge.device.tracker.wait_stream(self.harness.id, other.id)
+        super().wait_stream(stream)
 
 
 # -- the runtime context and the case's switches -------------------------------------------------------

@@ -180,7 +180,7 @@ class SglangSession(ReferenceSession):
         if self.bridge is None:
             streams = [SimStream(device, s) for s in (device.schedule_stream, device.forward_stream)]
         else:
-            streams = [device.native(s) for s in (device.schedule_stream, device.forward_stream)]
+            streams = [self.bridge.stream(s) for s in (device.schedule_stream, device.forward_stream)]
         self.scheduler = SchedulerShell(api, device_module=self.model_runner.device_module,
                                         schedule_stream=streams[0], forward_stream=streams[1], model_worker=worker,
                                         harness_device=device, harness_stream=self._harness_stream,
@@ -619,6 +619,7 @@ class SglangPrefillGraphRunner:
                     mr.attn_backend.init_forward_metadata(live)
                     mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
                 publish(mr, live, self.stub.device_module)
+            mr.bridge_delay()
             out = mr.run_model(padded, static_view,
                                store_compressed=lambda layer: mr.harness_device.replay(self.graphs[bucket][layer]))
         return out[:, : fb.num_tokens]
