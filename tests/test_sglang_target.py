@@ -294,3 +294,27 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
     assert loop[:3] == ["Scheduler.run_event_loop", "Scheduler.event_loop_overlap", "Scheduler._apply_war_barrier"]
     first_eager = calls.index("EagerRunner.execute")
     assert calls[first_eager + 1: first_eager + 3] == ["EagerRunner.load_batch", "maybe_publish_prefill_shared_read_done"]
+
+
+def test_the_pool_stand_in_translates_as_sglangs_pool_does(target, harness_device):
+    """`PoolShim.translate_loc_from_full_to_swa` (a launched read of the live mapping) against the real
+    `DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa` on the same mapping."""
+    import importlib
+
+    import torch
+
+    from harness.sglang_target.session import PoolShim
+
+    real_pool_cls = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool").DeepSeekV4TokenToKVPool
+    device = make_device(harness_device)
+    tdev = device.torch_device
+    mapping = torch.tensor([0, 5, 0, 7, 2, 9, -1], dtype=torch.int64, device=tdev)
+    real = object.__new__(real_pool_cls)
+    real.full_to_swa_index_mapping = mapping
+    shim = PoolShim(SimpleNamespace(full_to_swa_index_mapping=mapping, page_size=4), device,
+                    SimpleNamespace(note=lambda *a, **k: None))
+    loc = torch.tensor([1, 3, 6, 0, 4], dtype=torch.int64, device=tdev)
+    with device.stream(device.forward_stream):
+        ours = shim.translate_loc_from_full_to_swa(loc)
+    device.synchronize()
+    assert ours.tolist() == real.translate_loc_from_full_to_swa(loc).to(torch.int32).tolist() == [5, 7, -1, 0, 2]
