@@ -3,7 +3,9 @@
 The steps run one after another, each in its own process (a step that kills its CUDA context does
 not take the others down): the pytest suite with one GPU per xdist worker, the fuzz campaign in the
 `nightly` profile (its example database kept in the folder), the mutant kill table, the sanitizer
-run, then the page. `nightly.json` records every step's command, exit code and time. The exit code
+run, then the page. `nightly.json` records every step's command, exit code and time. On SIGINT or
+SIGTERM the step in flight gets the signal (it stops and writes what it has), no later step starts,
+and nightly.json and the page are still written (exit 4 unless something was found or broke). The exit code
 is the worst of the steps: 3 when any step could not run or could not vouch, else 1 when anything
 was found, else 0. A step is skipped only when asked (`--skip`), and the page says so.
 """
@@ -17,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.errors import InvalidArgument
+from harness.interrupts import EXIT_INTERRUPTED, StopRequest, stop_on_signals
+from reports.writers import write_json_atomically
 
 STEPS = ("pytest", "campaign", "mutants", "sanitize")
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
@@ -28,7 +32,7 @@ class Step:
     command: list[str]
     exit_code: int | None = None
     seconds: float = 0.0
-    outcome: str = "skipped"  # clean | found | broken | skipped
+    outcome: str = "skipped"  # clean | found | broken | skipped | interrupted
 
 
 def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
@@ -58,35 +62,47 @@ def parse_skip(text: str | None) -> frozenset[str]:
     return names
 
 
-def run_steps(steps: list[Step], skip: frozenset[str], log=print) -> int:
+def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequest | None = None) -> int:
+    """Each step in a process group of its own, so that a signal reaches it only through `stop`, which
+    passes it on: the step in flight stops and writes what it has, no later step starts."""
     for step in steps:
         if step.name in skip:
             log(f"[{step.name}] skipped (--skip)")
             continue
+        if stop is not None and stop.requested:
+            log(f"[{step.name}] not started: {stop.signal_name}")
+            step.outcome = "interrupted"
+            continue
         log(f"[{step.name}] {' '.join(step.command)}")
         began = time.perf_counter()
-        step.exit_code = subprocess.run(step.command).returncode
+        proc = subprocess.Popen(step.command, start_new_session=True)
+        if stop is not None:
+            stop.forward_to(lambda signum: proc.poll() is None and proc.send_signal(signum))
+        step.exit_code = proc.wait()
         step.seconds = round(time.perf_counter() - began, 1)
-        step.outcome = {EXIT_OK: "clean", EXIT_FOUND: "found"}.get(step.exit_code, "broken")
+        step.outcome = {EXIT_OK: "clean", EXIT_FOUND: "found", EXIT_INTERRUPTED: "interrupted"}.get(step.exit_code,
+                                                                                                   "broken")
+        if stop is not None and stop.requested and step.outcome == "broken" and step.exit_code < 0:
+            step.outcome = "interrupted"  # a step that does not catch the signal (pytest) dies of it
         log(f"[{step.name}] {step.outcome} (exit {step.exit_code}, {step.seconds}s)")
     outcomes = {s.outcome for s in steps}
-    return EXIT_ENV if "broken" in outcomes else EXIT_FOUND if "found" in outcomes else EXIT_OK
+    return (EXIT_ENV if "broken" in outcomes else EXIT_FOUND if "found" in outcomes
+            else EXIT_INTERRUPTED if "interrupted" in outcomes else EXIT_OK)
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("nightly", help="the nightly GPU job: pytest (one GPU per worker), a nightly campaign, "
                                             "the mutant table and the sanitizer run, into one report folder")
-    parser.add_argument("--report-dir", default="harness-report")
-    parser.add_argument("--device", default="cuda", help="cuda (default) | cpu (a dry run of the same steps)")
-    parser.add_argument("--examples", type=int, default=None, help="campaign size (default: the nightly profile's)")
+    parser.add_argument("--report-dir", default="harness-report", help="the report folder, one for every step")
+    parser.add_argument("--device", default="cuda", help="cuda | cpu (a dry run of the same steps)")
+    parser.add_argument("--examples", type=int, default=None, help="campaign size (none given: the nightly profile's)")
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers (auto: one per GPU)")
     parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)}")
+    parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)} "
+                                                     "(none given: none)")
 
 
 def run(args) -> int:
-    from reports.writers import write_json_atomically
-
     if args.device not in ("cuda", "cpu"):
         raise InvalidArgument(f"--device={args.device!r} is not one of: cuda, cpu")
     if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) > 0):
@@ -98,8 +114,15 @@ def run(args) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     steps = plan(report_dir, device=args.device, examples=args.examples, workers=args.workers,
                  semantics=args.semantics, skip=skip)
-    code = run_steps(steps, skip)
-    write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "steps": [asdict(s) for s in steps]})
+    with stop_on_signals() as stop:
+        code = run_steps(steps, skip, stop=stop)
+        write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "interrupted": stop.signal_name,
+                                                            "steps": [asdict(s) for s in steps]})
+        code = _render_and_judge(report_dir, code, args.device)
+    return code
+
+
+def _render_and_judge(report_dir: Path, code: int, device: str) -> int:
     # The page's own verdict counts too: a surviving mutant or a missed planted bug is BROKEN (exit 3).
     began = time.time()
     rendered = subprocess.run([sys.executable, "-m", "harness", "report", str(report_dir)]).returncode
@@ -110,5 +133,5 @@ def run(args) -> int:
     else:
         code = max(code, rendered)
     print(f"nightly: exit {code}; report: {report_dir / 'index.html'}; replay the campaign's failures with: "
-          f"python -m harness run --device {args.device} --profile nightly --report-dir {report_dir} --from-db")
+          f"python -m harness run --device {device} --profile nightly --report-dir {report_dir} --from-db")
     return code

@@ -17,7 +17,7 @@ from harness.errors import InvalidArgument
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
 CLEAN_REFERENCE = "mutants-clean.json"
 NIGHTLY, VERSIONS = "nightly.json", "versions.json"
-STEP_OUTCOMES = ("clean", "found", "broken", "skipped")
+STEP_OUTCOMES = ("clean", "found", "broken", "skipped", "interrupted")
 PYTEST_JUNIT = "junit-pytest.xml"
 EXAMPLES = "examples"
 SANITIZER_STATUSES = ("clean", "found", "failed")
@@ -340,6 +340,7 @@ def check_nightly(check: _Check, data) -> dict:
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
     check.need(data, "exit_code", "int")
+    check.need(data, "interrupted", "str", optional=True)
     for prefix, step in check.items(data, "steps"):
         check.need(step, "name", "str", prefix)
         list(check.items(step, "command", prefix, kind="str"))

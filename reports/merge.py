@@ -202,7 +202,7 @@ def load_sources(dirs: list[Path]) -> list[tuple[str, ReportFolder]]:
 
 
 def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
-    """Returns the files written and the merged folder's verdict (`reports.cli.render_folder`)."""
+    """Returns the merged folder's files, its verdict (`reports.cli.render_folder`) and its summary."""
     into = Path(into)
     if any(Path(d).resolve() == into.resolve() for d in dirs):
         raise InvalidArgument(f"--into {into}: is also one of the folders to merge")
@@ -232,8 +232,8 @@ def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
         outcome["rendered"] = render_folder(staging, shown_as=into)
 
     replace_report(into, REPORT_FILES, build)
-    written, verdict = outcome["rendered"]
-    return [into / Path(p).name for p in written], verdict, summary
+    _, verdict = outcome["rendered"]
+    return sorted(into.iterdir()), verdict, summary
 
 
 def add_parser(sub) -> None:

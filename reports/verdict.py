@@ -136,6 +136,9 @@ def judge(folder: ReportFolder) -> Verdict:
                 found.append(f"{where}: found something")
             elif step["outcome"] == "broken":
                 broken.append(f"{where}: could not run or could not vouch")
+            elif step["outcome"] == "interrupted":
+                broken.append(f"nightly step {step['name']} was interrupted"
+                              f"{' by ' + folder.nightly['interrupted'] if folder.nightly.get('interrupted') else ''}")
         ran.append(f"{len(folder.nightly['steps'])} nightly steps")
     if found:
         return Verdict(FOUND, _headline(found), found, broken)
