@@ -37,8 +37,9 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signal_name is not None
 
-    def __call__(self) -> bool:  # usable directly as a campaign's `should_stop`
-        return self.requested
+    def __call__(self) -> Optional[str]:
+        """The signal's name once one came, else None: a campaign's `should_stop`."""
+        return self.signal_name
 
     def handle(self, signum: int, frame) -> None:
         if self.requested:

@@ -20,7 +20,10 @@ from pathlib import Path
 
 from harness.errors import InvalidArgument
 from harness.interrupts import EXIT_INTERRUPTED, StopRequest, stop_on_signals
-from reports.writers import write_json_atomically
+from harness.progress import PROGRESS_EVERY_S
+from harness.sharding import WHOLE, Shard
+from reports.folder import NIGHTLY
+from reports.writers import refuse_other_runs, write_json_atomically
 
 STEPS = ("pytest", "campaign", "mutants", "sanitize")
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
@@ -36,19 +39,26 @@ class Step:
 
 
 def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
-         skip: frozenset[str]) -> list[Step]:
+         skip: frozenset[str], shard: Shard = WHOLE, overwrite: bool = False,
+         progress_every: float = PROGRESS_EVERY_S) -> list[Step]:
+    """`workers`: pytest's xdist workers and the campaign's (one per GPU with auto). `shard`: this
+    host's part of the suite, the case stream and the mutants (`run` leaves the sanitizer out of
+    every part but the first)."""
     python = sys.executable
     folder = str(report_dir)
+    replace = ["--overwrite"] if overwrite else []
+    parts = ["--shard", str(shard)] if shard.count > 1 else []
     campaign = [python, "-m", "harness", "run", "--device", device, "--profile", "nightly", "--semantics", semantics,
-                "--report-dir", folder] + (["--examples", str(examples)] if examples else [])
+                "--report-dir", folder, "--workers", workers, "--progress-every", str(progress_every),
+                *parts, *replace] + (["--examples", str(examples)] if examples else [])
     steps = [
         # `--option=value`: before the plugins load, pytest reads a separate value as a test path
         # and takes the report folder for the rootdir, missing the project's conftest and tests
         Step("pytest", [python, "-m", "pytest", "-n", workers, f"--harness-device={device}",
-                        f"--harness-report={folder}", "-q"]),
+                        f"--harness-report={folder}", "-q"] + ([f"--harness-shard={shard}"] if parts else [])),
         Step("campaign", campaign),
         Step("mutants", [python, "-m", "harness", "mutants", "--device", device, "--semantics", semantics,
-                         "--report-dir", folder]),
+                         "--report-dir", folder, *parts, *replace]),
         Step("sanitize", [python, "-m", "harness", "sanitize", "--tool", "all", "--jobs", "4", "--report-dir", folder]),
     ]
     return [s if s.name not in skip else Step(s.name, s.command, outcome="skipped") for s in steps]
@@ -100,6 +110,12 @@ def add_parser(sub) -> None:
     parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
     parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)} "
                                                      "(none given: none)")
+    parser.add_argument("--shard", default="1/1", help="K/N: this host's part of the suite, the campaign's case "
+                                                       "stream and the mutants (the sanitizer runs in part 1); "
+                                                       "merge the hosts' folders with `harness merge`")
+    parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
+    parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                        help="the campaign's progress line, off a terminal, this often")
 
 
 def run(args) -> int:
@@ -109,11 +125,19 @@ def run(args) -> int:
         raise InvalidArgument(f"--workers={args.workers!r}: auto or a number of workers > 0")
     if args.examples is not None and args.examples < 1:
         raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
+    if not args.progress_every >= 0:
+        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
+    shard = Shard.parse(args.shard)
     skip = parse_skip(args.skip)
+    if shard.index > 1:
+        print(f"[sanitize] runs in shard 1 of {shard.count} only")
+        skip |= {"sanitize"}
     report_dir = Path(args.report_dir)
+    refuse_other_runs(report_dir, (NIGHTLY,), overwrite=args.overwrite)
     report_dir.mkdir(parents=True, exist_ok=True)
     steps = plan(report_dir, device=args.device, examples=args.examples, workers=args.workers,
-                 semantics=args.semantics, skip=skip)
+                 semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
+                 progress_every=args.progress_every)
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
         write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "interrupted": stop.signal_name,
