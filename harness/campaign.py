@@ -24,6 +24,7 @@ from typing import Callable, Optional, Sequence
 from unittest import SkipTest
 
 from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.engine import CaseResult, Finding, run_case
@@ -226,12 +227,16 @@ def _case_record(i: int, seconds: float, case, schedule: str, judged: CaseResult
 
 
 def _adversarial():
-    from hypothesis import strategies as st
-
     return st.just("adversarial")
 
 
 def _seeded(test, seed: int):
-    from hypothesis import seed as hypothesis_seed
+    """The case stream of `seed`, with the example database kept.
 
-    return hypothesis_seed(seed)(test)
+    Hypothesis's own `@seed(n)` sets this same attribute and also turns the database off: it is meant
+    for reproducing one run. A campaign needs both: the seed fixes the stream that shards and
+    workers partition, and the database keeps the failures found in it, for `--from-db` on every host.
+    The tests in tests/test_sharding.py and tests/test_example_db.py fail if hypothesis changes this.
+    """
+    test._hypothesis_internal_use_seed = seed
+    return test

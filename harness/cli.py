@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -191,6 +192,9 @@ def cmd_run(args) -> int:
     if not args.progress_every >= 0:
         raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
     shard = Shard.parse(args.shard)
+    if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
+        raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
+                              "every shard, so that the shards are parts of one case stream")
     shared = [check_shared(spec) for spec in args.example_db]
     if (shared or args.from_db) and not keeps_database(args.profile, args.seed):
         flag = "--from-db" if args.from_db else "--example-db"
@@ -260,7 +264,11 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
 
 
 def _run_workers(args, *, device, semantics, shard, count, shared, report_dir, stop) -> dict:
-    """`count` worker processes on the parts of `shard`, then one merged summary and page."""
+    """`count` worker processes on the parts of `shard`, then one merged summary and page. A random
+    profile without --seed gets one seed drawn here, so that the workers share one case stream (the
+    summary records it, so the run can be repeated)."""
+    if args.seed is None and not PROFILES[args.profile]["derandomize"]:
+        args.seed = random.getrandbits(32)
     staging = new_staging_folder(report_dir)
     try:
         gpus = visible_gpus() if device == "cuda" else None

@@ -40,7 +40,7 @@ class Step:
 
 def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
          skip: frozenset[str], shard: Shard = WHOLE, overwrite: bool = False,
-         progress_every: float = PROGRESS_EVERY_S) -> list[Step]:
+         progress_every: float = PROGRESS_EVERY_S, seed: int | None = None) -> list[Step]:
     """`workers`: pytest's xdist workers and the campaign's (one per GPU with auto). `shard`: this
     host's part of the suite, the case stream and the mutants (`run` leaves the sanitizer out of
     every part but the first)."""
@@ -50,7 +50,8 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     parts = ["--shard", str(shard)] if shard.count > 1 else []
     campaign = [python, "-m", "harness", "run", "--device", device, "--profile", "nightly", "--semantics", semantics,
                 "--report-dir", folder, "--workers", workers, "--progress-every", str(progress_every),
-                *parts, *replace] + (["--examples", str(examples)] if examples else [])
+                *parts, *replace] + (["--examples", str(examples)] if examples else []) + (
+                   ["--seed", str(seed)] if seed is not None else [])
     steps = [
         # `--option=value`: before the plugins load, pytest reads a separate value as a test path
         # and takes the report folder for the rootdir, missing the project's conftest and tests
@@ -113,6 +114,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--shard", default="1/1", help="K/N: this host's part of the suite, the campaign's case "
                                                        "stream and the mutants (the sanitizer runs in part 1); "
                                                        "merge the hosts' folders with `harness merge`")
+    parser.add_argument("--seed", type=int, default=None, help="the campaign's seed; with --shard, the same on every "
+                                                               "host (none given: a random one)")
     parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
     parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
                         help="the campaign's progress line, off a terminal, this often")
@@ -128,6 +131,9 @@ def run(args) -> int:
     if not args.progress_every >= 0:
         raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
     shard = Shard.parse(args.shard)
+    if shard.count > 1 and args.seed is None:
+        raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "
+                              "campaigns are parts of one case stream")
     skip = parse_skip(args.skip)
     if shard.index > 1:
         print(f"[sanitize] runs in shard 1 of {shard.count} only")
@@ -137,7 +143,7 @@ def run(args) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     steps = plan(report_dir, device=args.device, examples=args.examples, workers=args.workers,
                  semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
-                 progress_every=args.progress_every)
+                 progress_every=args.progress_every, seed=args.seed)
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
         write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "interrupted": stop.signal_name,
