@@ -207,14 +207,16 @@ def cmd_run(args) -> int:
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
         refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
     target = load_target(args.target, mutant=args.mutant)
-    count = worker_count(args.workers, device, visible_gpus() if device == "cuda" and args.workers != "1" else None)
-    if count > 1 and args.from_db:
+    in_workers = args.workers != "1"  # asked for: even one worker runs apart, pinned, and is listed in the report
+    gpus = visible_gpus() if device == "cuda" and in_workers else None
+    count = worker_count(args.workers, device, gpus)
+    if in_workers and args.from_db:
         raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
     verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
     with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
-        if count > 1:
-            summary = _run_workers(args, device=device, semantics=semantics, shard=shard, count=count, shared=shared,
-                                   report_dir=report_dir, stop=stop)
+        if in_workers:
+            summary = _run_workers(args, device=device, semantics=semantics, shard=shard, count=count, gpus=gpus,
+                                   shared=shared, report_dir=report_dir, stop=stop)
         else:
             summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
                                isolate_s=isolate_s, oracles=oracles, verbosity=verbosity, report_dir=report_dir,
@@ -263,7 +265,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     return summary
 
 
-def _run_workers(args, *, device, semantics, shard, count, shared, report_dir, stop) -> dict:
+def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_dir, stop) -> dict:
     """`count` worker processes on the parts of `shard`, then one merged summary and page. A random
     profile without --seed gets one seed drawn here, so that the workers share one case stream (the
     summary records it, so the run can be repeated)."""
@@ -271,7 +273,6 @@ def _run_workers(args, *, device, semantics, shard, count, shared, report_dir, s
         args.seed = random.getrandbits(32)
     staging = new_staging_folder(report_dir)
     try:
-        gpus = visible_gpus() if device == "cuda" else None
         workers = plan_workers(count, shard, staging, gpus)
         databases = shared + ([str(report_dir / "examples")] if keeps_database(args.profile, args.seed) else [])
         run_args = ["--target", args.target, "--device", device, "--profile", args.profile, "--semantics", semantics,
