@@ -95,18 +95,24 @@ def test_mutants_refuses_a_folder_holding_a_kill_table(tmp_path, capsys):
     assert "holds another run's report (mutants.json)" in capsys.readouterr().err
 
 
-def test_off_a_terminal_progress_lines_are_plain_and_q_and_v_change_them(tmp_path):
-    normal = harness(*SMALL, "--progress-every", "0", "--report-dir", str(tmp_path / "n"))
+def test_off_a_terminal_a_progress_line_is_plain_with_cases_rate_eta_and_findings(tmp_path):
+    normal = harness(*SMALL, "--progress-every", "0", "--report-dir", str(tmp_path))
     lines = [line for line in normal.stderr.splitlines() if line.startswith("campaign: ")]
     assert len(lines) == 4, normal.stderr
     assert lines[-1].startswith("campaign: 4/4 cases, ") and "cases/s, ETA " in lines[-1]
     assert lines[-1].endswith("0 finding(s) so far") and "\x1b[" not in normal.stderr  # no terminal codes
+
+
+def test_q_prints_no_progress_and_v_a_line_per_case(tmp_path):
     quiet = harness(*SMALL, "-q", "--progress-every", "0", "--report-dir", str(tmp_path / "q"))
     assert "campaign: " not in quiet.stderr and "4 cases on cpu" in quiet.stdout
     verbose = harness(*SMALL, "-v", "--report-dir", str(tmp_path / "v"))
     assert "campaign: case 1 clean: " in verbose.stderr
+
+
+def test_the_progress_line_counts_the_findings_so_far(tmp_path):
     found = harness("run", "--device", "cpu", "--examples", "20", "--mutant", "scheduler_no_wait", "--no-shrink",
-                    "--progress-every", "0", "--report-dir", str(tmp_path / "f"))
+                    "--progress-every", "0", "--report-dir", str(tmp_path))
     assert found.returncode == 1 and "1 finding(s) so far" in found.stderr
 
 
