@@ -25,7 +25,6 @@ from unittest import SkipTest
 
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument

@@ -12,6 +12,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -54,7 +55,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     """`defaults`: argparse destinations -> values ([tool.dsv4-harness] in pyproject.toml), which
     replace the built-in defaults of every subcommand that has the option, in --help too."""
-    parser = _Parser(prog="python -m harness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="python -m harness", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(p):
@@ -225,7 +227,8 @@ def cmd_run(args) -> int:
           f"{', shard ' + args.shard if shard.count > 1 else ''}) in {summary['duration_s']:.1f}s"
           f" ({summary['cases_per_second']} cases/s): {len(summary['findings'])} finding(s)")
     for row in summary.get("workers") or []:
-        print(f"  {row['folder']}: shard {row['shard']}, GPU {row.get('gpu') or row.get('cuda_visible_devices') or '-'}, "
+        gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
+        print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
               f"{row['cases']} cases, {row['cases_per_second']} cases/s")
     for finding in summary["findings"]:
         print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
@@ -261,7 +264,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     summary["mutant"] = args.mutant
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
-    _publish(report_dir, name, summary)
+    _publish(report_dir, name, summary, keeps_workers=args.from_db)
     return summary
 
 
@@ -291,9 +294,11 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
                   f"{', CUDA_VISIBLE_DEVICES=' + worker.cuda_visible_devices if worker.cuda_visible_devices else ''}",
                   file=sys.stderr)
         processes.start()
+        if stop.requested:  # the signal came while the workers were starting: they get it now
+            processes.signal(signal.SIGTERM)
         codes, wall_s = processes.wait()
         sources = []
-        for worker, code in zip(workers, codes):
+        for worker, code in zip(workers, codes, strict=True):
             if code not in (EXIT_OK, EXIT_FOUND, EXIT_INTERRUPTED) or not (worker.folder / SUMMARY).is_file():
                 log = (worker.folder / "output.log").read_text(errors="replace").strip()[-1500:]
                 raise EnvironmentBroken(f"worker {worker.name} (shard {worker.shard}) exited {code} without a "
@@ -308,13 +313,16 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
         raise
 
 
-def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Path] = None) -> None:
-    """The summary, its JUnit and the page replace the folder's in one step (`replace_report`)."""
+def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Path] = None,
+             keeps_workers: bool = False) -> None:
+    """The summary, its JUnit and the page replace the folder's in one step (`replace_report`); the
+    previous run's workers' folders go too, unless this is a replay beside that run."""
     def build(folder: Path) -> None:
         write_json_atomically(folder / name, summary)
         render_folder(folder, shown_as=report_dir)
 
-    replace_report(report_dir, (name, junit.CAMPAIGN, "index.html", WORKERS_DIR), build, staging=staging)
+    replaced = (name, junit.CAMPAIGN, "index.html") + (() if keeps_workers else (WORKERS_DIR,))
+    replace_report(report_dir, replaced, build, staging=staging)
 
 
 def _isolate(value: str, device: str):

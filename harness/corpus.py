@@ -136,7 +136,8 @@ def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Pa
     killed = [r for r in rows if r["killed"]]
     by_campaign = [r for r in killed if r["seconds_to_detect"] is not None]  # the rest: by a contract probe
     seconds = [r["seconds_to_detect"] for r in by_campaign]
-    clean_note = f"clean reference: {clean['findings']} finding(s)" if clean else f"clean reference: in shard 1, not {shard}"
+    clean_note = (f"clean reference: {clean['findings']} finding(s)" if clean
+                  else f"clean reference: in shard 1, not {shard}")
     print(f"{len(killed)}/{len(rows)} mutants killed{' (shard ' + str(shard) + ')' if shard.count > 1 else ''}; "
           f"{clean_note}")
     if seconds:

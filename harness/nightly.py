@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.errors import InvalidArgument
+from harness.example_db import check_shared
 from harness.interrupts import EXIT_INTERRUPTED, StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
-from reports.folder import NIGHTLY
+from reports.folder import MUTANTS, NIGHTLY, SUMMARY
 from reports.writers import refuse_other_runs, write_json_atomically
 
 STEPS = ("pytest", "campaign", "mutants", "sanitize")
@@ -40,7 +41,8 @@ class Step:
 
 def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
          skip: frozenset[str], shard: Shard = WHOLE, overwrite: bool = False,
-         progress_every: float = PROGRESS_EVERY_S, seed: int | None = None) -> list[Step]:
+         progress_every: float = PROGRESS_EVERY_S, seed: int | None = None,
+         example_dbs: tuple[str, ...] = ()) -> list[Step]:
     """`workers`: pytest's xdist workers and the campaign's (one per GPU with auto). `shard`: this
     host's part of the suite, the case stream and the mutants (`run` leaves the sanitizer out of
     every part but the first)."""
@@ -51,7 +53,8 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     campaign = [python, "-m", "harness", "run", "--device", device, "--profile", "nightly", "--semantics", semantics,
                 "--report-dir", folder, "--workers", workers, "--progress-every", str(progress_every),
                 *parts, *replace] + (["--examples", str(examples)] if examples else []) + (
-                   ["--seed", str(seed)] if seed is not None else [])
+                   ["--seed", str(seed)] if seed is not None else []) + [
+                   arg for db in example_dbs for arg in ("--example-db", db)]
     steps = [
         # `--option=value`: before the plugins load, pytest reads a separate value as a test path
         # and takes the report folder for the rootdir, missing the project's conftest and tests
@@ -88,7 +91,8 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
         began = time.perf_counter()
         proc = subprocess.Popen(step.command, start_new_session=True)
         if stop is not None:
-            stop.forward_to(lambda signum: proc.poll() is None and proc.send_signal(signum))
+            stop.forward_to(lambda signum, step_process=proc: step_process.poll() is None
+                            and step_process.send_signal(signum))
         step.exit_code = proc.wait()
         step.seconds = round(time.perf_counter() - began, 1)
         step.outcome = {EXIT_OK: "clean", EXIT_FOUND: "found", EXIT_INTERRUPTED: "interrupted"}.get(step.exit_code,
@@ -116,6 +120,8 @@ def add_parser(sub) -> None:
                                                        "merge the hosts' folders with `harness merge`")
     parser.add_argument("--seed", type=int, default=None, help="the campaign's seed; with --shard, the same on every "
                                                                "host (none given: a random one)")
+    parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
+                        help="the campaign's shared example database (repeatable; see `run --help`)")
     parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
     parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
                         help="the campaign's progress line, off a terminal, this often")
@@ -139,11 +145,12 @@ def run(args) -> int:
         print(f"[sanitize] runs in shard 1 of {shard.count} only")
         skip |= {"sanitize"}
     report_dir = Path(args.report_dir)
-    refuse_other_runs(report_dir, (NIGHTLY,), overwrite=args.overwrite)
+    refuse_other_runs(report_dir, (NIGHTLY, SUMMARY, MUTANTS), overwrite=args.overwrite)
     report_dir.mkdir(parents=True, exist_ok=True)
     steps = plan(report_dir, device=args.device, examples=args.examples, workers=args.workers,
                  semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
-                 progress_every=args.progress_every, seed=args.seed)
+                 progress_every=args.progress_every, seed=args.seed,
+                 example_dbs=tuple(check_shared(spec) for spec in args.example_db))
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
         write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "interrupted": stop.signal_name,

@@ -21,7 +21,6 @@ The merged folder is written in one step (`reports.writers.replace_report`) and 
 
 from __future__ import annotations
 
-import json
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -127,7 +126,8 @@ def merge_mutants(sources: list[tuple[str, ReportFolder]]) -> tuple[list[dict] |
     cleans = [f.clean_reference for _, f in sources if f.clean_reference is not None]
     clean = None if not cleans else {
         "name": "(clean reference)", "cases": sum(c["cases"] for c in cleans),
-        "findings": sum(c["findings"] for c in cleans), "finding": next((c["finding"] for c in cleans if c["finding"]), None)}
+        "findings": sum(c["findings"] for c in cleans),
+        "finding": next((c["finding"] for c in cleans if c["finding"]), None)}
     has_table = any(f.mutants is not None for _, f in sources)
     return ([row for _, row in rows.values()] if has_table else None), clean
 
@@ -237,7 +237,8 @@ def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("merge", help="merge the report folders of shards, workers or hosts into one, with one page")
+    parser = sub.add_parser("merge", help="merge the report folders of shards, workers or hosts into one, with one "
+                                          "page")
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="the report folders to merge")
     parser.add_argument("--into", required=True, metavar="DIR", help="the merged report folder")
     parser.add_argument("--overwrite", action="store_true", help="replace a merged folder that is already there")

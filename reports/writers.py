@@ -42,7 +42,8 @@ def write_json_atomically(path: Path, data) -> None:
     write_text_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
-def refuse_other_runs(report_dir: Path, own_files: tuple[str, ...], *, overwrite: bool, flag: str = "--report-dir") -> None:
+def refuse_other_runs(report_dir: Path, own_files: tuple[str, ...], *, overwrite: bool,
+                      flag: str = "--report-dir") -> None:
     """A report folder that already holds a run of this kind (one of `own_files`) is another run's:
     refused (exit 2, naming it) unless `overwrite`, so that a second run never silently replaces the
     first. Called before any work."""

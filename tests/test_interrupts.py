@@ -96,3 +96,16 @@ def test_nightly_passes_the_signal_to_its_step_and_still_writes_nightly_json(tmp
     assert (campaign["outcome"], campaign["exit_code"]) == ("interrupted", EXIT_INTERRUPTED)
     assert load_folder(tmp_path).summary["interrupted"] == "SIGTERM"
     assert (tmp_path / "index.html").is_file()
+
+
+def test_a_signal_to_a_run_with_workers_reaches_each_worker_once_and_the_merge_is_kept(tmp_path):
+    proc = start([*LONG, "--workers", "2"], tmp_path)
+    wait_for(proc, "] campaign: ", times=4)  # both workers are judging cases
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    summary = load_folder(tmp_path).summary
+    assert summary["interrupted"] == "SIGTERM" and 0 < summary["cases"] < 5000
+    assert [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
+    assert sum(w["cases"] for w in summary["workers"]) == summary["cases"]
+    assert "again: exiting at once" not in err  # each worker got the signal once

@@ -42,7 +42,8 @@ def test_each_worker_is_pinned_to_its_own_gpu_and_its_own_part_of_the_shard(tmp_
 
 def test_two_cpu_workers_write_one_merged_report(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--examples", "12", "-q",
-                           "--workers", "2", "--report-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                           "--workers", "2", "--report-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = load_folder(tmp_path).summary
     assert summary["cases"] == 12 and [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
