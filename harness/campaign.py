@@ -152,9 +152,10 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         if judged is None:
             detected = result.first_detection_seconds is not None
             reason = should_stop()
-            if reason and not detected:
+            if reason:
                 result.interrupted = reason
-                raise CampaignInterrupted(reason)
+                if not detected:
+                    raise CampaignInterrupted(reason)
             if reason or (detected and time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
                 return  # stopped, or the shrink budget is spent: keep the smallest failure found so far
             position = stream_position if partitioned else None

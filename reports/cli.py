@@ -17,7 +17,8 @@ from reports.verdict import BROKEN, FOUND, Verdict, judge
 EXIT_CODES = {FOUND: 1, BROKEN: 3}  # CLEAN: 0; the harness's codes for "found" and "cannot vouch"
 
 
-def render_folder(path: Path, pytest_junit: Path | None = None, shown_as: Path | None = None) -> tuple[list[Path], Verdict]:
+def render_folder(path: Path, pytest_junit: Path | None = None,
+                  shown_as: Path | None = None) -> tuple[list[Path], Verdict]:
     """Write index.html and the JUnit files of the runs present; returns the files written and the verdict.
     `shown_as`: the folder's final name, when `path` is a staging copy about to be renamed to it."""
     try:  # jinja2 and matplotlib load only when a report is rendered, not on every CLI start

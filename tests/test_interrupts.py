@@ -109,3 +109,22 @@ def test_a_signal_to_a_run_with_workers_reaches_each_worker_once_and_the_merge_i
     assert [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
     assert sum(w["cases"] for w in summary["workers"]) == summary["cases"]
     assert "again: exiting at once" not in err  # each worker got the signal once
+
+
+def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_the_campaign():
+    from harness.campaign import run_campaign
+    from harness.mutants import mutant_target
+
+    target, opened, polls = mutant_target("refresh_keeps_cache"), [], []
+    open_session = target.open
+    target.open = lambda case, device: opened.append(len(polls)) or open_session(case, device)
+
+    def stop_once_shrinking(found_at=3):  # with this seed the third drawn case finds the mutant
+        polls.append(1)
+        return "SIGINT" if len(polls) > found_at else None
+
+    result = run_campaign(target, mutant="refresh_keeps_cache", examples=100, seed=3, profile="dev", seeds=False,
+                          should_stop=stop_once_shrinking)  # a seed case's failure is never shrunk
+    assert result.first_detection_examples == 3 and result.findings
+    assert result.summary()["interrupted"] == "SIGINT"
+    assert max(opened) == 3, "no case was judged after the stop"
