@@ -2,25 +2,35 @@
 
 Profiles (`settings.register_profile`): ``dev`` (small, local database), ``ci`` (derandomized, no
 deadline, 200 examples), ``nightly`` (large and random). The example database lives in the report
-folder, so a nightly failure replays from it.
+folder, so a nightly failure replays from it; shared databases (`harness.example_db`) make it replay
+on other hosts too.
+
+A campaign with a database runs in two passes: first the failures stored in the database, replayed
+by every shard; then the seed cases and the drawn ones, the case stream, of which a shard
+(`harness.sharding`) judges only its own part. Keeping the replays out of the stream keeps the
+stream the same for every shard whatever the database holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
+from unittest import SkipTest
 
 from hypothesis import HealthCheck, Phase, example, given, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import strategies as st
 
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
+from harness.example_db import database_scope, open_database
 from harness.isolation import IsolatedRunner
+from harness.sharding import WHOLE, Shard
 from harness.strategies import cases, schedules, seed_cases
 
 PROFILES = {
@@ -30,6 +40,12 @@ PROFILES = {
 }
 
 
+def keeps_database(profile: str, seed: Optional[int]) -> bool:
+    """Whether a campaign keeps an example database: hypothesis derandomizes the `ci` profile, and a
+    derandomized run has none, unless an explicit seed makes it random again."""
+    return seed is not None or not PROFILES[profile]["derandomize"]
+
+
 class FindingRaised(AssertionError):
     """Raised inside the hypothesis test so that it shrinks the case; carries the judged result."""
 
@@ -37,6 +53,11 @@ class FindingRaised(AssertionError):
         first = result.findings[0]
         super().__init__(f"{first.oracle}/{first.kind}: {first.message}\nreplay: {result.replay}")
         self.result = result
+
+
+class CampaignInterrupted(BaseException):
+    """Raised inside the hypothesis test when a stop was requested: not an `Exception`, so that
+    hypothesis does not take it for a failure to shrink, but stops and lets it through."""
 
 
 @dataclass
@@ -53,6 +74,9 @@ class CampaignResult:
     minimal: Optional[CaseResult] = None
     cases_log: list[dict] = dataclasses.field(default_factory=list)  # one record per counted case, for plots
     stand_ins: list[dict] = dataclasses.field(default_factory=list)  # the target's stood-in modules, if any
+    shard: Shard = WHOLE
+    interrupted: Optional[str] = None  # the signal that stopped the campaign early
+    replayed_from_db: int = 0  # cases of the database pass
 
     @property
     def findings(self) -> list[Finding]:
@@ -73,6 +97,9 @@ class CampaignResult:
             ],
             "cases_log": self.cases_log,
             "stand_ins": self.stand_ins,
+            "shard": self.shard.to_dict(),
+            "interrupted": self.interrupted,
+            "replayed_from_db": self.replayed_from_db,
         }
 
 
@@ -81,11 +108,17 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  database_dir: Optional[Path] = None, mutant: Optional[str] = None,
                  on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
                  oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
-                 seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None) -> CampaignResult:
+                 seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None,
+                 shard: Shard = WHOLE, shared_databases: Sequence[str] = (),
+                 should_stop: Callable[[], Optional[str]] = lambda: None) -> CampaignResult:
     """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
-    `from_db`: replay only the failures stored in the example database (a nightly's, kept in its folder).
+    `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
-    context or hangs is a finding with its replay command, not the end of the run."""
+    context or hangs is a finding with its replay command, not the end of the run.
+    `shard`: judge only this part of the case stream (the database pass is replayed whole).
+    `shared_databases`: --example-db specs combined with `database_dir` (`harness.example_db`).
+    `should_stop`: polled before each case; a reason (a signal's name) ends the campaign early with
+    what it has, marked `interrupted`."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
@@ -95,38 +128,50 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         base["max_examples"] = examples
     if seed is not None:
         base["derandomize"] = False  # an explicit seed replaces the profile's fixed one
+    if base["derandomize"] and (from_db or shared_databases):
+        flag = "--from-db" if from_db else "--example-db"
+        raise InvalidArgument(f"{flag}: the {profile!r} profile is derandomized and keeps no example database (dev and "
+                              "nightly do, and so does any profile with --seed)")
     # The seeds count as examples: --examples N runs N cases in all.
     chosen_seeds = seed_cases(semantics)[: max(0, base["max_examples"] - 1)] if seeds else []
     base["max_examples"] -= len(chosen_seeds)
-    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
-    db = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir and not base["derandomize"] else None
-    if from_db:  # the seeds are deterministic, so replaying them with the database replays every failure
-        if db is None:
-            raise InvalidArgument(f"--from-db: the {profile!r} profile keeps no example database (dev and nightly "
-                                  "do); replay with the profile that wrote it")
-        phases = [Phase.explicit, Phase.reuse] + ([Phase.shrink] if shrink else [])
+    db = None if base["derandomize"] else open_database(database_dir, shared_databases)
+    if from_db and db is None:
+        raise InvalidArgument("--from-db: no example database to replay from (no report folder, no --example-db)")
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile,
-                            stand_ins=list(getattr(target, "stand_ins", [])))
+                            shard=shard, stand_ins=list(getattr(target, "stand_ins", [])))
     start = time.perf_counter()
 
     failing: dict[tuple[str, str], CaseResult] = {}
     runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
     judge = runner.run_case if runner else functools.partial(run_case, target)
+    stream_position = 0  # calls of the partitioned pass before the first detection
 
-    @settings(deadline=None, database=db, phases=phases, print_blob=False,
-              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-    @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
-    def campaign_case(case, schedule):
+    def campaign_case(case, schedule, *, partitioned: bool):
+        nonlocal stream_position
         key = (case.to_json(), schedule)
         judged = failing.get(key)  # hypothesis replays its minimal example at the end
         if judged is None:
-            if result.first_detection_seconds is not None and (
-                    time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
-                return  # the shrink budget is spent: keep the smallest failure found so far
+            detected = result.first_detection_seconds is not None
+            reason = should_stop()
+            if reason:
+                result.interrupted = reason
+                if not detected:
+                    raise CampaignInterrupted(reason)
+            if reason or (detected and time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
+                return  # stopped, or the shrink budget is spent: keep the smallest failure found so far
+            position = stream_position if partitioned else None
+            if partitioned and not detected:
+                stream_position += 1
+                if not shard.owns(position):
+                    return  # another shard's case
             judged = judge(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant, oracles=oracles)
-            if result.first_detection_examples is None:
+            if not detected:
                 result.cases += 1
-                result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, judged))
+                if not partitioned:
+                    result.replayed_from_db += 1
+                result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
+                                                     position))
                 on_case(result)
                 if judged.findings:
                     result.first_detection_examples = result.cases
@@ -135,14 +180,33 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             failing[key] = judged
             raise FindingRaised(judged)
 
-    for case in reversed(chosen_seeds):
-        campaign_case = example(case=case, schedule="adversarial")(campaign_case)
-    if seed is not None:
-        campaign_case = _seeded(campaign_case, seed)
+    def hypothesis_test(phases, *, partitioned: bool):
+        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if shrink else []), print_blob=False,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
+        @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
+        def test(case, schedule):
+            campaign_case(case, schedule, partitioned=partitioned)
+
+        test.hypothesis.inner_test._hypothesis_internal_add_digest = database_scope(
+            target_spec=target_spec, mutant=mutant, semantics=semantics, device=device)
+        if partitioned:
+            for case in reversed(chosen_seeds):
+                test = example(case=case, schedule="adversarial")(test)
+        return _seeded(test, seed) if seed is not None else test
+
+    passes = ([hypothesis_test([Phase.reuse], partitioned=False)] if db is not None else []) + [
+        hypothesis_test([Phase.explicit] if from_db else [Phase.explicit, Phase.generate, Phase.target],
+                        partitioned=True)]
     try:
-        campaign_case()
+        for test in passes:
+            try:
+                test()
+            except SkipTest:  # hypothesis had no case to run: an empty database, or no seed to replay
+                continue
     except FindingRaised as raised:
         result.minimal = raised.result
+    except CampaignInterrupted:
+        pass
     finally:
         if runner:
             runner.close()
@@ -150,20 +214,31 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     return result
 
 
-def _case_record(i: int, seconds: float, case, judged: CaseResult) -> dict:
+def case_digest(case, schedule: str) -> str:
+    """A short name for one drawn case and schedule: shards and merges compare case sets by it."""
+    return hashlib.sha256(f"{case.to_json()}|{schedule}".encode()).hexdigest()[:16]
+
+
+def _case_record(i: int, seconds: float, case, schedule: str, judged: CaseResult, position: Optional[int]) -> dict:
+    """`stream`: the case's position in the case stream (None: replayed from the database)."""
     return {"i": i, "t": round(seconds, 4), "outcome": "found" if judged.findings else "clean",
+            "stream": position, "case": case_digest(case, schedule),
             "tokens": sum(b.num_tokens for b in case.batches),
             "requests": sum(len(b.requests) for b in case.batches),
             "graph": any(b.graph for b in case.batches), "spec": case.spec.name}
 
 
 def _adversarial():
-    from hypothesis import strategies as st
-
     return st.just("adversarial")
 
 
 def _seeded(test, seed: int):
-    from hypothesis import seed as hypothesis_seed
+    """The case stream of `seed`, with the example database kept.
 
-    return hypothesis_seed(seed)(test)
+    Hypothesis's own `@seed(n)` sets this same attribute and also turns the database off: it is meant
+    for reproducing one run. A campaign needs both: the seed fixes the stream that shards and
+    workers partition, and the database keeps the failures found in it, for `--from-db` on every host.
+    The tests in tests/test_sharding.py and tests/test_example_db.py fail if hypothesis changes this.
+    """
+    test._hypothesis_internal_use_seed = seed
+    return test

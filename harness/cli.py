@@ -1,54 +1,99 @@
 """`python -m harness`: run a campaign, replay a finding, explore every interleaving, run the mutant table.
 
-Exit codes: 0 nothing found, 1 something found, 2 bad usage or configuration, 3 broken environment.
+Exit codes: 0 nothing found, 1 something found, 2 bad usage or configuration, 3 broken environment,
+4 interrupted (SIGINT or SIGTERM) before anything was found: the report holds the cases so far.
+Defaults can be set under [tool.dsv4-harness] in pyproject.toml (target, semantics, profile,
+report-dir); the command line wins.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
+import shutil
+import signal
 import sys
 from pathlib import Path
+from typing import Optional
 
-from harness.errors import HarnessError, InvalidArgument
 from harness import nightly
+from harness.campaign import PROFILES, keeps_database, run_campaign
+from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
+from harness.example_db import check_shared
+from harness.interrupts import EXIT_INTERRUPTED, stop_on_signals
+from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
+from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
+from harness.sharding import Shard
+from harness.telemetry import TelemetryWindow, annotate_summary
+from harness.workers import WORKERS_DIR, WorkerProcesses, visible_gpus, worker_count
+from harness.workers import plan as plan_workers
 from reports import cli as report_cli
+from reports import junit, merge
+from reports.cli import render_folder
+from reports.folder import SUMMARY, load_folder
+from reports.merge import merge_summaries
+from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own usage errors exit 2, as ours do
+    """Usage errors exit 2, as ours do; every option's help ends with its default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
         self.print_usage(sys.stderr)
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m harness", description=__doc__)
+def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
+    """`defaults`: argparse destinations -> values ([tool.dsv4-harness] in pyproject.toml), which
+    replace the built-in defaults of every subcommand that has the option, in --help too."""
+    parser = _Parser(prog="python -m harness", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(p):
         p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-        p.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
-        p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
+        p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
+        p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
         p.add_argument("--oracles", default=None,
                        help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution, "
-                            "reference, contract")
+                            "reference, contract (none given: all)")
 
     run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     common(run)
-    run.add_argument("--examples", type=int, default=None)
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--profile", default="ci", help="dev | ci | nightly")
+    run.add_argument("--examples", type=int, default=None, help="cases in all (none given: the profile's)")
+    run.add_argument("--seed", type=int, default=None, help="hypothesis seed (none given: the profile's)")
+    run.add_argument("--profile", default="ci", help="dev (50 cases) | ci (200, derandomized) | nightly (5000)")
     run.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    run.add_argument("--report-dir", default="harness-report")
+    run.add_argument("--report-dir", default="harness-report", help="the report folder")
+    run.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
     run.add_argument("--isolate", default="auto",
                      help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
-                          "finding: SECONDS | off | auto (default: 120 on cuda, off on cpu)")
+                          "finding: SECONDS | off | auto (120 on cuda, off on cpu)")
     run.add_argument("--from-db", action="store_true",
-                     help="replay the seed cases and the failures stored in REPORT_DIR/examples (a nightly run's database)")
+                     help="replay the failures stored in REPORT_DIR/examples and any --example-db, then the seed cases")
+    run.add_argument("--shard", default="1/1", help="K/N: judge only part K of N of the case stream (reproducible, "
+                                                    "disjoint; merge the parts with `harness merge`)")
+    run.add_argument("--workers", default="1", help="N | auto: N campaign processes, each on its own part of the "
+                                                    "stream and pinned to its own GPU (auto: one per visible GPU on "
+                                                    "cuda, one per core on cpu), merged into one report")
+    run.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
+                     help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
+                          "there, and failures saved there by other hosts replay here (repeatable)")
+    run.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                     help="off a terminal, a progress line this often")
+    volume = run.add_mutually_exclusive_group()
+    volume.add_argument("-q", "--quiet", action="store_true", help="no progress output, only the result")
+    volume.add_argument("-v", "--verbose", action="store_true", help="a line per case as well")
 
     replay = sub.add_parser("replay", help="replay one finding exactly")
     common(replay)
@@ -62,14 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     triage = sub.add_parser("triage", help="interface contracts on the built backend, then a short campaign")
     common(triage)
-    triage.add_argument("--examples", type=int, default=50)
+    triage.add_argument("--examples", type=int, default=50, help="cases of the short campaign")
     triage.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23 | auto (what the target implements)")
-    triage.add_argument("--report-dir", default="harness-report")
+    triage.add_argument("--report-dir", default="harness-report", help="the report folder")
     triage.add_argument("--versions", default=None,
                         help="comma-separated sglang versions from PyPI: triage each in its own environment and "
                              "report the first failing one")
     triage.add_argument("--cache-dir", default=None, help="with --versions: wheels and environments "
-                                                          "(default: REPORT_DIR/envs)")
+                                                          "(none given: REPORT_DIR/envs)")
     triage.add_argument("--bisect", action="store_true",
                         help="with --versions: run as few versions as a binary search needs")
     triage.add_argument("--missing-backend-fails", action="store_true",
@@ -80,29 +125,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     csan = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
     csan.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    csan.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus")
-    csan.add_argument("--examples", type=int, default=100)
+    csan.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
+    csan.add_argument("--examples", type=int, default=100, help="cases")
     csan.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    csan.add_argument("--report-dir", default="harness-report")
+    csan.add_argument("--report-dir", default="harness-report", help="the report folder")
 
     mutants = sub.add_parser("mutants", help="run the clean reference and every seeded bug: the kill table")
-    mutants.add_argument("--device", default="cpu")
-    mutants.add_argument("--examples", type=int, default=200)
+    mutants.add_argument("--device", default="cpu", help="cpu | cuda")
+    mutants.add_argument("--examples", type=int, default=200, help="cases per campaign")
     mutants.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    mutants.add_argument("--report-dir", default="harness-report")
-    mutants.add_argument("--only", default=None, help="comma-separated mutant names")
+    mutants.add_argument("--report-dir", default="harness-report", help="the report folder")
+    mutants.add_argument("--overwrite", action="store_true", help="replace the kill table already in --report-dir")
+    mutants.add_argument("--only", default=None, help="comma-separated mutant names (none given: all)")
+    mutants.add_argument("--shard", default="1/1", help="K/N: part K of N of the mutants (the clean reference runs "
+                                                        "in part 1)")
+    mutants.add_argument("--list", action="store_true", help="print the mutants, one a line, and exit")
     sanitize_cli.add_parser(sub)
     report_cli.add_parser(sub)
+    merge.add_parser(sub)
     nightly.add_parser(sub)
+    for subparser in sub.choices.values():
+        known = {action.dest for action in subparser._actions}
+        subparser.set_defaults(**{dest: value for dest, value in (defaults or {}).items() if dest in known})
     return parser
 
 
 def main(argv=None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(project_defaults(find_pyproject())).parse_args(argv)
         commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
                     "triage": cmd_triage, "csan": cmd_csan, "sanitize": sanitize_cli.run,
-                    "report": report_cli.run, "nightly": nightly.run}
+                    "report": report_cli.run, "merge": merge.run, "nightly": nightly.run}
         return commands[args.command](args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -128,63 +181,148 @@ def _load_case(text: str):
     return Case.from_json(text)
 
 
-def _progress(total: int):
-    """A rich progress bar on a terminal, nothing otherwise."""
-    if not sys.stderr.isatty():
-        return None, (lambda r: None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), transient=True)
-    task = progress.add_task("cases", total=total)
-    return progress, (lambda r: progress.update(task, completed=r.cases))
-
-
 def cmd_run(args) -> int:
-    from harness.campaign import PROFILES, run_campaign
     from harness.device import resolve_device
     from harness.engine import parse_oracles
     from harness.target import load_target
-    from harness.telemetry import TelemetryWindow, annotate_summary
-    from reports.writers import write_json_atomically
 
     semantics = _semantics(args.semantics)
-    device = resolve_device(args.device)
-    target = load_target(args.target, mutant=args.mutant)
-    report_dir = Path(args.report_dir)
     if args.profile not in PROFILES:
         raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
-    total = args.examples or PROFILES[args.profile]["max_examples"]
+    if args.examples is not None and args.examples < 1:
+        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
+    if not args.progress_every >= 0:
+        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
+    shard = Shard.parse(args.shard)
+    if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
+        raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
+                              "every shard, so that the shards are parts of one case stream")
+    shared = [check_shared(spec) for spec in args.example_db]
+    if (shared or args.from_db) and not keeps_database(args.profile, args.seed):
+        flag = "--from-db" if args.from_db else "--example-db"
+        raise InvalidArgument(f"{flag}: the {args.profile!r} profile is derandomized and keeps no example database "
+                              "(dev and nightly do, and so does any profile with --seed)")
+    device = resolve_device(args.device)
     isolate_s = _isolate(args.isolate, device)
-    progress, update = _progress(total)
-    if progress:
-        progress.start()
-    try:
-        with TelemetryWindow(required=device == "cuda") as window:
-            result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                                  examples=args.examples, seed=args.seed, profile=args.profile,
-                                  database_dir=report_dir / "examples", mutant=args.mutant, on_case=update,
-                                  shrink=not args.no_shrink, oracles=parse_oracles(args.oracles),
-                                  from_db=args.from_db, isolate_s=isolate_s)
-    finally:
-        if progress:
-            progress.stop()
+    oracles = parse_oracles(args.oracles)
+    report_dir = Path(args.report_dir)
+    if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
+        refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
+    target = load_target(args.target, mutant=args.mutant)
+    in_workers = args.workers != "1"  # asked for: even one worker runs apart, pinned, and is listed in the report
+    gpus = visible_gpus() if device == "cuda" and in_workers else None
+    count = worker_count(args.workers, device, gpus)
+    if in_workers and args.from_db:
+        raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
+    verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
+    with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
+        if in_workers:
+            summary = _run_workers(args, device=device, semantics=semantics, shard=shard, count=count, gpus=gpus,
+                                   shared=shared, report_dir=report_dir, stop=stop)
+        else:
+            summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
+                               isolate_s=isolate_s, oracles=oracles, verbosity=verbosity, report_dir=report_dir,
+                               stop=stop)
+    print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
+          f"{', shard ' + args.shard if shard.count > 1 else ''}) in {summary['duration_s']:.1f}s"
+          f" ({summary['cases_per_second']} cases/s): {len(summary['findings'])} finding(s)")
+    for row in summary.get("workers") or []:
+        gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
+        print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
+              f"{row['cases']} cases, {row['cases_per_second']} cases/s")
+    for finding in summary["findings"]:
+        print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
+    if summary["findings"]:
+        first = summary["findings"][0]
+        print(f"  minimal case: {first['case_summary']}")
+        if summary["first_detection"]:
+            print(f"  found after {summary['first_detection']['examples']} example(s), "
+                  f"{summary['first_detection']['seconds']:.2f}s")
+        print(f"  replay: {first['replay']}")
+    if summary["interrupted"]:
+        print(f"interrupted by {summary['interrupted']} after {summary['cases']} cases: the report holds them")
+    print(f"summary: {report_dir / ('replay-summary.json' if args.from_db else SUMMARY)}")
+    print(f"page: {report_dir / 'index.html'}")
+    if summary["findings"]:
+        return EXIT_FOUND
+    return EXIT_INTERRUPTED if summary["interrupted"] else EXIT_OK
+
+
+def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracles, verbosity, report_dir,
+             stop) -> dict:
+    """One campaign in this process; its summary and page replace the folder's in one step."""
+    total = args.examples or PROFILES[args.profile]["max_examples"]
+    with TelemetryWindow(required=device == "cuda") as window, \
+            CampaignProgress(len(range(shard.index - 1, total, shard.count)), verbosity=verbosity,
+                             every_s=args.progress_every) as progress:
+        result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
+                              examples=args.examples, seed=args.seed, profile=args.profile,
+                              database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
+                              shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
+                              shard=shard, shared_databases=shared, should_stop=stop)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
-    summary_name = "replay-summary.json" if args.from_db else "summary.json"  # a replay keeps the nightly's own
-    write_json_atomically(report_dir / summary_name, summary)
-    rate = summary["cases_per_second"]
-    print(f"{result.cases} cases on {device} ({semantics}, target {target.name}) in {result.duration_s:.1f}s"
-          f" ({rate} cases/s): {len(result.findings)} finding(s)")
-    for finding in result.findings:
-        print(f"  [{finding.oracle}/{finding.kind}] {finding.message}")
-    if result.minimal:
-        print(f"  minimal case: {result.minimal.case.summary()}")
-        print(f"  found after {result.first_detection_examples} example(s), {result.first_detection_seconds:.2f}s")
-        print(f"  replay: {result.minimal.replay}")
-    print(f"summary: {report_dir / summary_name}")
-    _render(report_dir)
-    return EXIT_FOUND if result.findings else EXIT_OK
+    summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
+    name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
+    _publish(report_dir, name, summary, keeps_workers=args.from_db)
+    return summary
+
+
+def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_dir, stop) -> dict:
+    """`count` worker processes on the parts of `shard`, then one merged summary and page. A random
+    profile without --seed gets one seed drawn here, so that the workers share one case stream (the
+    summary records it, so the run can be repeated)."""
+    if args.seed is None and not PROFILES[args.profile]["derandomize"]:
+        args.seed = random.getrandbits(32)
+    staging = new_staging_folder(report_dir)
+    try:
+        workers = plan_workers(count, shard, staging, gpus)
+        databases = shared + ([str(report_dir / "examples")] if keeps_database(args.profile, args.seed) else [])
+        run_args = ["--target", args.target, "--device", device, "--profile", args.profile, "--semantics", semantics,
+                    "--isolate", args.isolate, "--progress-every", str(args.progress_every), "--workers", "1"]
+        for flag, value in (("--mutant", args.mutant), ("--oracles", args.oracles), ("--examples", args.examples),
+                            ("--seed", args.seed)):
+            if value is not None:
+                run_args += [flag, str(value)]
+        run_args += [arg for db in databases for arg in ("--example-db", db)]
+        run_args += (["--no-shrink"] if args.no_shrink else []) + (["-q"] if args.quiet else []) + (
+            ["-v"] if args.verbose else [])
+        processes = WorkerProcesses(workers, run_args)
+        stop.forward_to(processes.signal)
+        for worker in workers:
+            print(f"worker {worker.name}: shard {worker.shard} of the stream"
+                  f"{', CUDA_VISIBLE_DEVICES=' + worker.cuda_visible_devices if worker.cuda_visible_devices else ''}",
+                  file=sys.stderr)
+        processes.start()
+        if stop.requested:  # the signal came while the workers were starting: they get it now
+            processes.signal(signal.SIGTERM)
+        codes, wall_s = processes.wait()
+        sources = []
+        for worker, code in zip(workers, codes, strict=True):
+            if code not in (EXIT_OK, EXIT_FOUND, EXIT_INTERRUPTED) or not (worker.folder / SUMMARY).is_file():
+                log = (worker.folder / "output.log").read_text(errors="replace").strip()[-1500:]
+                raise EnvironmentBroken(f"worker {worker.name} (shard {worker.shard}) exited {code} without a "
+                                        f"campaign summary; its output ends:\n{log or '(nothing)'}")
+            sources.append((f"{WORKERS_DIR}/{worker.name}", load_folder(worker.folder).summary))
+        summary = merge_summaries(sources, duration_s=wall_s, whole=shard.to_dict())
+        summary["interrupted"] = summary["interrupted"] or stop.signal_name
+        _publish(report_dir, SUMMARY, summary, staging=staging)
+        return summary
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Path] = None,
+             keeps_workers: bool = False) -> None:
+    """The summary, its JUnit and the page replace the folder's in one step (`replace_report`); the
+    previous run's workers' folders go too, unless this is a replay beside that run."""
+    def build(folder: Path) -> None:
+        write_json_atomically(folder / name, summary)
+        render_folder(folder, shown_as=report_dir)
+
+    replaced = (name, junit.CAMPAIGN, "index.html") + (() if keeps_workers else (WORKERS_DIR,))
+    replace_report(report_dir, replaced, build, staging=staging)
 
 
 def _isolate(value: str, device: str):
@@ -199,14 +337,6 @@ def _isolate(value: str, device: str):
     if seconds <= 0:
         raise InvalidArgument(f"--isolate={value!r}: a timeout in seconds > 0, off, or auto")
     return seconds
-
-
-def _render(report_dir: Path) -> None:
-    """Every command leaves a page beside its JSON (the folder's verdict is printed by `harness report`)."""
-    from reports.cli import render_folder
-
-    render_folder(report_dir)
-    print(f"page: {report_dir / 'index.html'}")
 
 
 def cmd_replay(args) -> int:
@@ -251,12 +381,18 @@ def cmd_explore(args) -> int:
 
 def cmd_mutants(args) -> int:
     from harness.corpus import run_kill_table
+    from harness.mutants import MUTANTS
 
+    if args.list:
+        for m in MUTANTS.values():
+            print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
+        return EXIT_OK
     semantics = _semantics(args.semantics)
-    code = run_kill_table(device=args.device, examples=args.examples, semantics=semantics,
-                          report_dir=Path(args.report_dir), only=args.only)
-    _render(Path(args.report_dir))
-    return code
+    shard = Shard.parse(args.shard)
+    report_dir = Path(args.report_dir)
+    refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)
+    return run_kill_table(device=args.device, examples=args.examples, semantics=semantics, report_dir=report_dir,
+                          only=args.only, shard=shard)
 
 
 def cmd_triage(args) -> int:

@@ -11,34 +11,47 @@ from pathlib import Path
 
 from harness.campaign import run_campaign
 from harness.contracts import run_probes
-from reports.writers import write_json_atomically
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.mutants import MUTANTS, mutant_target
+from harness.sharding import WHOLE, Shard
 from harness.target import ReferenceTarget
+from reports import junit
+from reports.cli import render_folder
+from reports.writers import replace_report, write_json_atomically
 
 CUDA_CAMPAIGN_TIMEOUT_S = 300
 
 
 def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23", only=None,
-               progress=lambda line: None) -> tuple[dict, list[dict]]:
+               progress=lambda line: None, shard: Shard = WHOLE) -> tuple[dict | None, list[dict]]:
+    """The clean reference's row (None outside shard 1: it runs once per table) and the mutants' rows,
+    those of `shard`'s part of the mutant list."""
     names = list(MUTANTS)
     if only:
         names = [n.strip() for n in only.split(",") if n.strip()]
         unknown = [n for n in names if n not in MUTANTS]
         if unknown:
             raise InvalidArgument(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(MUTANTS)}")
+    names = shard.select(names)
+    with_clean = shard.index == 1
     if device == "cuda":
-        return _kill_table_isolated(names, examples=examples, semantics=semantics, progress=progress)
+        return _kill_table_isolated(names, examples=examples, semantics=semantics, progress=progress,
+                                    with_clean=with_clean)
+    rows = []
+    clean_row = _clean_row(device, examples, semantics, progress) if with_clean else None
+    for name in names:
+        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics))
+        progress(_line(rows[-1]))
+    return clean_row, rows
+
+
+def _clean_row(device: str, examples: int, semantics: str, progress) -> dict:
     clean = run_campaign(ReferenceTarget(), device=device, semantics=semantics, examples=examples, shrink=False)
     broken = run_probes(ReferenceTarget())
     clean_row = {"name": "(clean reference)", "cases": clean.cases, "findings": len(clean.findings) + len(broken),
                  "finding": clean.findings[0].message if clean.findings else (broken[0] if broken else None)}
     progress(f"clean reference: {clean.cases} cases, {clean_row['findings']} finding(s)")
-    rows = []
-    for name in names:
-        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics))
-        progress(_line(rows[-1]))
-    return clean_row, rows
+    return clean_row
 
 
 def judge_mutant(name: str, *, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23") -> dict:
@@ -69,7 +82,8 @@ def _line(row: dict) -> str:
             f"{row['examples_to_detect']} ex {row['seconds_to_detect']} s  {row['minimal_case'] or ''}")
 
 
-def _kill_table_isolated(names, *, examples: int, semantics: str, progress) -> tuple[dict, list[dict]]:
+def _kill_table_isolated(names, *, examples: int, semantics: str, progress,
+                         with_clean: bool) -> tuple[dict | None, list[dict]]:
     """On CUDA each campaign runs in its own process: a mutant that kills the CUDA context (an
     illegal access, a device-side assert) is a finding, not the end of the table."""
     def campaign(mutant):
@@ -85,12 +99,15 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress) -> t
                 return None, f"process exited {proc.returncode} without a summary: {proc.stderr.strip()[-300:]}"
             return json.loads(path.read_text()), None
 
-    clean_summary, error = campaign(None)
-    if clean_summary is None:
-        raise EnvironmentBroken(f"the clean CUDA campaign did not finish: {error}")
-    clean = {"name": "(clean reference)", "cases": clean_summary["cases"], "findings": len(clean_summary["findings"]),
-             "finding": clean_summary["findings"][0]["message"] if clean_summary["findings"] else None}
-    progress(f"clean reference: {clean['cases']} cases, {clean['findings']} finding(s)")
+    clean = None
+    if with_clean:
+        clean_summary, error = campaign(None)
+        if clean_summary is None:
+            raise EnvironmentBroken(f"the clean CUDA campaign did not finish: {error}")
+        clean = {"name": "(clean reference)", "cases": clean_summary["cases"],
+                 "findings": len(clean_summary["findings"]),
+                 "finding": clean_summary["findings"][0]["message"] if clean_summary["findings"] else None}
+        progress(f"clean reference: {clean['cases']} cases, {clean['findings']} finding(s)")
     rows = []
     for name in names:
         summary, error = campaign(name)
@@ -104,18 +121,29 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress) -> t
     return clean, rows
 
 
-def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Path, only=None) -> int:
-    clean, rows = kill_table(device=device, examples=examples, semantics=semantics, only=only,
+def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Path, only=None,
+                   shard: Shard = WHOLE) -> int:
+    clean, rows = kill_table(device=device, examples=examples, semantics=semantics, only=only, shard=shard,
                              progress=lambda line: print(line, flush=True))
-    write_json_atomically(report_dir / "mutants-clean.json", clean)
-    write_json_atomically(report_dir / "mutants.json", rows)
+
+    def build(folder: Path) -> None:
+        if clean is not None:
+            write_json_atomically(folder / "mutants-clean.json", clean)
+        write_json_atomically(folder / "mutants.json", rows)
+        render_folder(folder, shown_as=report_dir)
+
+    replace_report(report_dir, ("mutants.json", "mutants-clean.json", junit.MUTANTS, "index.html"), build)
     killed = [r for r in rows if r["killed"]]
     by_campaign = [r for r in killed if r["seconds_to_detect"] is not None]  # the rest: by a contract probe
     seconds = [r["seconds_to_detect"] for r in by_campaign]
-    print(f"{len(killed)}/{len(rows)} mutants killed; clean reference: {clean['findings']} finding(s)")
+    clean_note = (f"clean reference: {clean['findings']} finding(s)" if clean
+                  else f"clean reference: in shard 1, not {shard}")
+    print(f"{len(killed)}/{len(rows)} mutants killed{' (shard ' + str(shard) + ')' if shard.count > 1 else ''}; "
+          f"{clean_note}")
     if seconds:
         print(f"time to detection: median {statistics.median(seconds):.2f}s, worst {max(seconds):.2f}s; "
               f"examples: worst {max(r['examples_to_detect'] for r in by_campaign)}; "
               f"{len(killed) - len(by_campaign)} killed by a contract probe alone")
     print(f"table: {report_dir / 'mutants.json'}", file=sys.stderr)
-    return 0 if len(killed) == len(rows) and not clean["findings"] else 1
+    print(f"page: {report_dir / 'index.html'}")
+    return 0 if len(killed) == len(rows) and not (clean and clean["findings"]) else 1

@@ -160,6 +160,15 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def visible_entries(gpus: list[GpuInfo], environ=os.environ) -> list[str]:
+    """The GPUs one-per-worker runs draw from (pytest's xdist workers, `harness run --workers`): a
+    pre-set CUDA_VISIBLE_DEVICES, else every NVML index."""
+    preset = environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        return [e.strip() for e in preset.split(",") if e.strip()]
+    return [str(g.index) for g in gpus]
+
+
 def list_gpus() -> list[GpuInfo]:
     """Every GPU NVML sees, in NVML (PCI bus) order, without initialising CUDA."""
     nvml = _load()

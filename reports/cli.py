@@ -17,8 +17,10 @@ from reports.verdict import BROKEN, FOUND, Verdict, judge
 EXIT_CODES = {FOUND: 1, BROKEN: 3}  # CLEAN: 0; the harness's codes for "found" and "cannot vouch"
 
 
-def render_folder(path: Path, pytest_junit: Path | None = None) -> tuple[list[Path], Verdict]:
-    """Write index.html and the JUnit files of the runs present; returns the files written and the verdict."""
+def render_folder(path: Path, pytest_junit: Path | None = None,
+                  shown_as: Path | None = None) -> tuple[list[Path], Verdict]:
+    """Write index.html and the JUnit files of the runs present; returns the files written and the verdict.
+    `shown_as`: the folder's final name, when `path` is a staging copy about to be renamed to it."""
     try:  # jinja2 and matplotlib load only when a report is rendered, not on every CLI start
         from reports.html import write_index
     except ImportError as exc:
@@ -26,6 +28,7 @@ def render_folder(path: Path, pytest_junit: Path | None = None) -> tuple[list[Pa
                                 "(pip install -e . installs them)") from None
 
     folder = load_folder(path, pytest_junit)
+    folder.shown_as = shown_as
     written = []
     if folder.summary is not None:
         written.append(junit.write(folder.path / junit.CAMPAIGN, junit.campaign_suite(folder.summary)))

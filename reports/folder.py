@@ -17,7 +17,7 @@ from harness.errors import InvalidArgument
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
 CLEAN_REFERENCE = "mutants-clean.json"
 NIGHTLY, VERSIONS = "nightly.json", "versions.json"
-STEP_OUTCOMES = ("clean", "found", "broken", "skipped")
+STEP_OUTCOMES = ("clean", "found", "broken", "skipped", "interrupted")
 PYTEST_JUNIT = "junit-pytest.xml"
 EXAMPLES = "examples"
 SANITIZER_STATUSES = ("clean", "found", "failed")
@@ -67,6 +67,11 @@ class ReportFolder:
     versions: dict | None = None
     pytest: PytestRun | None = None
     examples: int | None = None  # entries in the hypothesis example database, None when there is none
+    shown_as: Path | None = None  # the folder's name in printed commands, when it is read from a staging copy
+
+    @property
+    def display_path(self) -> Path:
+        return self.shown_as or self.path
 
     @property
     def empty(self) -> bool:
@@ -153,6 +158,24 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
         check.need(record, "requests", "int", prefix)
         check.need(record, "graph", "bool", prefix)
         check.need(record, "spec", "str", prefix)
+        check.need(record, "stream", "int", prefix, optional=True)
+        check.need(record, "case", "str", prefix, optional=True)
+    shard = check.need(data, "shard", "object", where, optional=True)
+    if shard is not None:
+        check.need(shard, "index", "int", f"{where}shard.")
+        check.need(shard, "count", "int", f"{where}shard.")
+    check.need(data, "interrupted", "str", where, optional=True)
+    check.need(data, "replayed_from_db", "int", where, optional=True)
+    check.need(data, "cuda_visible_devices", "str", where, optional=True)
+    list(check.items(data, "shards_missing", where, optional=True, kind="int"))
+    for prefix, row in check.items(data, "workers", where, optional=True):
+        for key in ("folder", "shard"):
+            check.need(row, key, "str", prefix)
+        check.need(row, "cases", "int", prefix)
+        check.need(row, "duration_s", "number", prefix)
+        check.need(row, "cases_per_second", "number", prefix, optional=True)
+        for key in ("cuda_visible_devices", "gpu"):
+            check.need(row, key, "str", prefix, optional=True)
     telemetry = check.need(data, "telemetry", "object", where, optional=True)
     if telemetry is not None:
         data = {**data, "telemetry": check_telemetry(check, telemetry, f"{where}telemetry.")}
@@ -317,6 +340,7 @@ def check_nightly(check: _Check, data) -> dict:
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
     check.need(data, "exit_code", "int")
+    check.need(data, "interrupted", "str", optional=True)
     for prefix, step in check.items(data, "steps"):
         check.need(step, "name", "str", prefix)
         list(check.items(step, "command", prefix, kind="str"))

@@ -125,7 +125,7 @@ def _replay_db_command(folder: ReportFolder) -> str | None:
         return None
     return (f"python -m harness run --target {s['target']} --device {s['device']} --semantics {s['semantics']} "
             f"--profile {s['profile']}{' --mutant ' + s['mutant'] if s.get('mutant') else ''} "
-            f"--report-dir {shlex.quote(str(folder.path))} --from-db")
+            f"--report-dir {shlex.quote(str(folder.display_path))} --from-db")
 
 
 def write_index(folder: ReportFolder) -> Path:

@@ -58,6 +58,12 @@ def campaign_reasons(summary: dict, label: str) -> tuple[list[str], list[str]]:
         first = findings[0]
         found.append(f"{label}: {len(findings)} finding(s) in {summary['cases']} cases; first "
                      f"{first['oracle']}/{first['kind']}: {_first_line(first['message'], 120)}")
+    if summary.get("interrupted"):
+        broken.append(f"{label} was interrupted by {summary['interrupted']} after {summary['cases']} cases: it is "
+                      "incomplete")
+    if summary.get("shards_missing"):
+        broken.append(f"{label}: shard(s) {', '.join(map(str, summary['shards_missing']))} missing from the merge: "
+                      "the campaign is incomplete")
     telemetry = summary.get("telemetry")
     if telemetry and telemetry["suspect"]:
         broken.append(f"{label}: the GPU was suspect ({'; '.join(telemetry['reasons']) or 'no reason given'})")
@@ -130,6 +136,9 @@ def judge(folder: ReportFolder) -> Verdict:
                 found.append(f"{where}: found something")
             elif step["outcome"] == "broken":
                 broken.append(f"{where}: could not run or could not vouch")
+            elif step["outcome"] == "interrupted":
+                broken.append(f"nightly step {step['name']} was interrupted"
+                              f"{' by ' + folder.nightly['interrupted'] if folder.nightly.get('interrupted') else ''}")
         ran.append(f"{len(folder.nightly['steps'])} nightly steps")
     if found:
         return Verdict(FOUND, _headline(found), found, broken)

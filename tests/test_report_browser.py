@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_reports import full_folder
+from test_reports import finding, full_folder, summary, telemetry, write_folder
 
 from reports.cli import render_folder
+from reports.merge import merge_folders
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -88,3 +89,22 @@ def test_a_missing_browser_fails_unless_allowed_locally(monkeypatch):
     monkeypatch.setenv(ALLOW_NO_BROWSER, "1")
     with pytest.raises(pytest.skip.Exception):
         _missing("no Chromium on PATH")
+
+
+def test_a_merged_page_of_two_shards_loads_clean_and_lists_each_worker(browser, tmp_path):
+    for k in (1, 2):
+        write_folder(tmp_path / f"shard{k}", summary_json={
+            **summary([finding()], telemetry=telemetry()), "shard": {"index": k, "count": 2},
+            "cuda_visible_devices": str(k - 1)})
+    written, verdict, _ = merge_folders([tmp_path / "shard1", tmp_path / "shard2"], tmp_path / "merged")
+    page, problems = open_page(browser, tmp_path / "merged" / "index.html")
+    try:
+        assert page.locator("#verdict").inner_text() == verdict.status == "FOUND"
+        assert page.locator("#workers").is_visible()
+        rows = page.locator("#workers + table tr")
+        assert rows.count() == 3 and "NVIDIA H200" in rows.nth(1).inner_text()
+        assert "1 finding(s) in 8 cases" in page.locator("#verdict-reason").inner_text()
+        assert page.locator("figure svg").count() >= 2
+        assert problems == []
+    finally:
+        page.close()

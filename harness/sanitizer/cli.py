@@ -20,9 +20,9 @@ RAW_DIR = "sanitizer"
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sanitize", help="run our kernels and the planted bugs under compute-sanitizer")
-    p.add_argument("cases", nargs="*", help="case names (default: all); see the list in the error for a bad one")
-    p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all (default)")
-    p.add_argument("--report-dir", default="harness-report")
+    p.add_argument("cases", nargs="*", help="case names (none given: all); see the list in the error for a bad one")
+    p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all")
+    p.add_argument("--report-dir", default="harness-report", help="the report folder")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per sanitized run")
     p.add_argument("--jobs", type=int, default=1,
                    help="cases run at once per tool (tools always run one at a time); >1 inflates timings")

@@ -1,0 +1,128 @@
+"""`harness run --workers N|auto`: one campaign process per GPU (per core on the CPU), one report.
+
+Each worker is `python -m harness run` on its own part of the case stream (`harness.sharding`: the
+run's shard, dealt round robin to its workers), pinned to its GPU by `CUDA_VISIBLE_DEVICES` in the
+environment it starts with, so CUDA never sees another GPU. GPUs are counted through NVML, which
+does not start CUDA in this process. Every worker writes its own folder under `workers/`; this
+process then merges them (`reports.merge.merge_summaries`) into the run's `summary.json`, with each
+worker's GPU, cases and rate.
+
+Workers lead their own process groups, so a Ctrl-C reaches this process alone; it passes each
+signal on, once: the first lets every worker stop after its case in flight and write its summary,
+the second ends them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.sharding import Shard
+from harness.telemetry import NvmlUnavailable, list_gpus, visible_entries
+
+WORKERS_DIR = "workers"
+
+
+@dataclass(frozen=True)
+class Worker:
+    number: int  # 1..count
+    shard: Shard  # its part of the whole case stream
+    cuda_visible_devices: Optional[str]  # its GPU; None on the CPU
+    folder: Path
+
+    @property
+    def name(self) -> str:
+        return f"w{self.number}"
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries a CUDA run may pin workers to."""
+    try:
+        return visible_entries(list_gpus())
+    except NvmlUnavailable as exc:
+        raise EnvironmentBroken(f"--workers on --device cuda needs NVML to count the GPUs: {exc}") from None
+
+
+def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None) -> int:
+    """`auto`: one per visible GPU on CUDA, one per core on the CPU; a number is taken as it is, but
+    on CUDA never more workers than GPUs (each worker has a GPU of its own)."""
+    if spec != "auto" and not (spec.isdigit() and int(spec) > 0):
+        raise InvalidArgument(f"--workers={spec!r}: auto or a number of workers > 0")
+    if device != "cuda":
+        return cpu_cores() if spec == "auto" else int(spec)
+    if not gpus:
+        raise EnvironmentBroken("--workers on --device cuda: no GPU is visible (CUDA_VISIBLE_DEVICES hides them all, "
+                                "or NVML sees none)")
+    count = len(gpus) if spec == "auto" else int(spec)
+    if count > len(gpus):
+        raise InvalidArgument(f"--workers={spec}: {len(gpus)} GPU(s) visible ({','.join(gpus)}), one per worker; "
+                              f"use --workers {len(gpus)} or auto")
+    return count
+
+
+def plan(count: int, shard: Shard, folder: Path, gpus: Optional[list[str]]) -> list[Worker]:
+    return [Worker(n, shard.split(count, n), gpus[n - 1] if gpus else None, Path(folder) / WORKERS_DIR / f"w{n}")
+            for n in range(1, count + 1)]
+
+
+def _forward_lines(prefix: str, pipe, out) -> None:
+    for line in iter(pipe.readline, ""):
+        out.write(f"{prefix} {line}")
+        out.flush()
+    pipe.close()
+
+
+class WorkerProcesses:
+    """The running workers: `start()`, `signal(signum)` to pass a stop on, `wait()` for their codes.
+    Each worker's stdout goes to `output.log` in its folder; its stderr (progress lines, errors) is
+    passed on here, each line prefixed with the worker's name."""
+
+    def __init__(self, workers: list[Worker], run_args: list[str]):
+        self.workers, self.run_args = workers, run_args
+        self.procs: list[subprocess.Popen] = []
+        self._threads: list[threading.Thread] = []
+        self.started = 0.0
+
+    def command(self, worker: Worker) -> list[str]:
+        return [sys.executable, "-m", "harness", "run", *self.run_args, "--shard", str(worker.shard),
+                "--report-dir", str(worker.folder)]
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        for worker in self.workers:
+            worker.folder.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ)
+            if worker.cuda_visible_devices is not None:
+                env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices are then NVML's
+                env["CUDA_VISIBLE_DEVICES"] = worker.cuda_visible_devices
+            with open(worker.folder / "output.log", "w") as log:
+                proc = subprocess.Popen(self.command(worker), stdout=log, stderr=subprocess.PIPE, text=True, env=env,
+                                        start_new_session=True)
+            thread = threading.Thread(target=_forward_lines, args=(f"[{worker.name}]", proc.stderr, sys.stderr),
+                                      daemon=True)
+            thread.start()
+            self.procs.append(proc)
+            self._threads.append(thread)
+
+    def signal(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def wait(self) -> tuple[list[int], float]:
+        """The workers' exit codes, and the seconds from the first start to the last exit."""
+        codes = [proc.wait() for proc in self.procs]
+        for thread in self._threads:
+            thread.join(timeout=5)
+        return codes, time.perf_counter() - self.started

@@ -1,0 +1,130 @@
+"""SIGINT and SIGTERM during a campaign: it stops between cases and keeps a valid, partial report.
+
+Each test starts a long campaign in a child, waits for its first progress lines (so the handler is
+installed and cases have run), sends the signal, and reads what the child left: no test waits for a
+time, and none asserts one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.interrupts import EXIT_INTERRUPTED
+from harness.target import ReferenceTarget
+from reports.folder import load_folder
+
+TESTS = Path(__file__).resolve().parent
+LONG = ["run", "--device", "cpu", "--profile", "nightly", "--examples", "5000", "--progress-every", "0"]
+
+
+class _Hanging:
+    """A target whose session never opens: the case in flight never ends."""
+
+    name = "hanging"
+
+    def open(self, case, device):
+        print("hanging-target: the case is in flight", file=sys.stderr, flush=True)
+        time.sleep(3600)
+        return ReferenceTarget().open(case, device)
+
+
+def hanging_target():
+    return _Hanging()
+
+
+def start(args, report_dir: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "harness", *args, "--report-dir", str(report_dir)],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+
+
+def wait_for(proc: subprocess.Popen, needle: str, times: int = 1, stream: str = "stderr") -> list[str]:
+    """Reads the child's `stream` until `needle` has been seen `times` times."""
+    seen = []
+    for line in getattr(proc, stream):
+        seen.append(line)
+        if sum(needle in s for s in seen) >= times:
+            return seen
+    raise AssertionError(f"the child ended before printing {needle!r} {times} time(s): {''.join(seen)[-2000:]}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_campaign_leaves_a_valid_partial_report_and_exits_4(tmp_path, signum):
+    proc = start(LONG, tmp_path)
+    wait_for(proc, "campaign: ", times=3)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    summary = load_folder(tmp_path).summary  # validated field by field
+    assert summary["interrupted"] == signal.Signals(signum).name
+    assert 3 <= summary["cases"] < 5000 and len(summary["cases_log"]) == summary["cases"]
+    assert summary["findings"] == []
+    assert (tmp_path / "index.html").is_file() and "interrupted by" in (tmp_path / "index.html").read_text()
+    assert f"interrupted by {signal.Signals(signum).name} after {summary['cases']} cases" in out
+    assert "Traceback" not in err
+
+
+def test_a_second_signal_exits_at_once_even_with_a_case_in_flight(tmp_path):
+    proc = start(["run", "--device", "cpu", "--target", "test_interrupts:hanging_target", "--examples", "5"], tmp_path)
+    wait_for(proc, "hanging-target: the case is in flight")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(proc, "stopping after the case in flight")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_nightly_passes_the_signal_to_its_step_and_still_writes_nightly_json(tmp_path):
+    proc = start(["nightly", "--device", "cpu", "--examples", "5000", "--skip", "pytest,mutants,sanitize",
+                  "--workers", "1", "--progress-every", "0"], tmp_path, stderr=subprocess.STDOUT)
+    wait_for(proc, "campaign: ", times=2, stream="stdout")  # the step's campaign is judging cases
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, out
+    nightly = json.loads((tmp_path / "nightly.json").read_text())
+    assert nightly["interrupted"] == "SIGTERM"
+    campaign = next(s for s in nightly["steps"] if s["name"] == "campaign")
+    assert (campaign["outcome"], campaign["exit_code"]) == ("interrupted", EXIT_INTERRUPTED)
+    assert load_folder(tmp_path).summary["interrupted"] == "SIGTERM"
+    assert (tmp_path / "index.html").is_file()
+
+
+def test_a_signal_to_a_run_with_workers_reaches_each_worker_once_and_the_merge_is_kept(tmp_path):
+    proc = start([*LONG, "--workers", "2"], tmp_path)
+    wait_for(proc, "] campaign: ", times=4)  # both workers are judging cases
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    summary = load_folder(tmp_path).summary
+    assert summary["interrupted"] == "SIGTERM" and 0 < summary["cases"] < 5000
+    assert [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
+    assert sum(w["cases"] for w in summary["workers"]) == summary["cases"]
+    assert "again: exiting at once" not in err  # each worker got the signal once
+
+
+def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_the_campaign():
+    from harness.campaign import run_campaign
+    from harness.mutants import mutant_target
+
+    target, opened, polls = mutant_target("refresh_keeps_cache"), [], []
+    open_session = target.open
+    target.open = lambda case, device: opened.append(len(polls)) or open_session(case, device)
+
+    def stop_once_shrinking(found_at=3):  # with this seed the third drawn case finds the mutant
+        polls.append(1)
+        return "SIGINT" if len(polls) > found_at else None
+
+    result = run_campaign(target, mutant="refresh_keeps_cache", examples=100, seed=3, profile="dev", seeds=False,
+                          should_stop=stop_once_shrinking)  # a seed case's failure is never shrunk
+    assert result.first_detection_examples == 3 and result.findings
+    assert result.summary()["interrupted"] == "SIGINT"
+    assert max(opened) == 3, "no case was judged after the stop"

@@ -1,0 +1,68 @@
+"""`harness run --workers`: how many, pinned where, and one merged report from their parts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.sharding import Shard
+from harness.workers import cpu_cores, plan, worker_count
+from reports.folder import load_folder
+
+
+def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
+    assert worker_count("auto", "cuda", ["0", "1", "3"]) == 3
+    assert worker_count("auto", "cpu") == cpu_cores()
+    assert worker_count("2", "cuda", ["0", "1", "3"]) == 2
+
+
+@pytest.mark.parametrize("spec, device, gpus, error, needle", [
+    ("4", "cuda", ["0", "1"], InvalidArgument, "2 GPU(s) visible (0,1), one per worker"),
+    ("auto", "cuda", [], EnvironmentBroken, "no GPU is visible"),
+    ("two", "cpu", None, InvalidArgument, "--workers='two': auto or a number of workers > 0"),
+    ("0", "cpu", None, InvalidArgument, "--workers='0'"),
+])
+def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
+    with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        worker_count(spec, device, gpus)
+
+
+def test_each_worker_is_pinned_to_its_own_gpu_and_its_own_part_of_the_shard(tmp_path):
+    workers = plan(3, Shard(2, 2), tmp_path, ["0", "1", "GPU-abc"])
+    assert [w.cuda_visible_devices for w in workers] == ["0", "1", "GPU-abc"]
+    assert [str(w.shard) for w in workers] == ["2/6", "4/6", "6/6"]
+    positions = sorted(p for w in workers for p in w.shard.select(range(30)))
+    assert positions == Shard(2, 2).select(range(30))
+    assert plan(2, Shard(1, 1), tmp_path, None)[0].cuda_visible_devices is None
+
+
+def test_two_cpu_workers_write_one_merged_report(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--examples", "12", "-q",
+                           "--workers", "2", "--report-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = load_folder(tmp_path).summary
+    assert summary["cases"] == 12 and [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
+    assert sum(w["cases"] for w in summary["workers"]) == 12
+    assert all(w["cases_per_second"] for w in summary["workers"])
+    assert "workers/w1: shard 1/2" in done.stdout
+    assert (tmp_path / "index.html").is_file() and "Workers and shards (2)" in (tmp_path / "index.html").read_text()
+    assert (tmp_path / "workers" / "w2" / "summary.json").is_file()
+
+
+@pytest.mark.gpu
+def test_workers_auto_on_cuda_runs_one_worker_per_visible_gpu(tmp_path):
+    from harness.workers import visible_gpus
+
+    gpus = visible_gpus()
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cuda", "--examples", str(4 * len(gpus)),
+                           "-q", "--workers", "auto", "--report-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [w["cuda_visible_devices"] for w in summary["workers"]] == gpus
+    assert all(w["gpu"] for w in summary["workers"]), "each worker's telemetry names its GPU"
