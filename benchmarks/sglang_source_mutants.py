@@ -238,7 +238,10 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
         summary = json.loads((report / "summary.json").read_text())
     except (OSError, ValueError):
         summary = None
-    if summary is None:
+    if summary is None or (done.returncode == 1 and not summary.get("findings")):
+        # Exit 1 means "found" only with a finding to show; anything else (a traceback, no summary) is broken.
+        if done.returncode == 1:
+            row.update(outcome="BROKEN", stderr_tail=(done.stderr or done.stdout).strip().splitlines()[-3:])
         return row
     findings = summary.get("findings", [])
     first = summary.get("first_detection") or {}
