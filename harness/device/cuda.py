@@ -14,11 +14,13 @@ from harness.device.base import Device, Event, GraphCapture, Stream
 
 class CudaDevice(Device):
     kind = "cuda"
+    capture_runs_closures = True
     sleep_cycles_per_ms: Optional[float] = None  # measured once per process: the clock `_sleep` counts
 
-    def __init__(self) -> None:
+    def __init__(self, *, observe: bool = False) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
-        super().__init__()
+        self._ids_by_native: dict[int, int] = {}
+        super().__init__(observe)
         self._warm_up()
 
     @property
@@ -27,8 +29,18 @@ class CudaDevice(Device):
 
     def new_stream(self, name: str) -> Stream:
         stream = super().new_stream(name)
-        self._streams[stream.id] = torch.cuda.Stream()
+        self._streams[stream.id] = native = torch.cuda.Stream()
+        self._ids_by_native[native.cuda_stream] = stream.id
         return stream
+
+    def observed_stream_id(self) -> int:
+        """The real current CUDA stream: a target may switch streams itself; one the device did not
+        create gets an id of its own the first time an op runs on it."""
+        native = torch.cuda.current_stream().cuda_stream
+        known = self._ids_by_native.get(native)
+        if known is None:
+            known = self._ids_by_native[native] = Device.new_stream(self, f"torch-{native:#x}").id
+        return known
 
     @contextlib.contextmanager
     def stream(self, stream: Stream) -> Iterator[Stream]:
@@ -86,7 +98,11 @@ class CudaDevice(Device):
         fn()  # recorded into the graph being captured, not executed
         return None
 
-    def _replay(self, graph: GraphCapture) -> None:
+    def _replay(self, graph: GraphCapture, records) -> None:
+        """The replayed kernels bypass the dispatcher: their accesses are the nodes' (declared and
+        observed at capture), already given to the tracker."""
+        for record in records:
+            self.tracker.close_launch(record)
         with torch.cuda.stream(self._streams[self.current_stream.id]):
             graph.native.replay()
 

@@ -1,0 +1,527 @@
+"""The observer: what the system under test really reads and writes, fed to the happens-before tracker.
+
+The tracker judges accesses. Declared ones (``device.launch(op, fn, reads=..., writes=...)``) are the
+harness's picture of what the code touches; a read nobody declared would be invisible to it. The
+observer watches the code instead, the way PyTorch's CUDA sanitizer does (``torch/cuda/_sanitizer.py``):
+
+- every aten op passes through a ``TorchDispatchMode``; the op's schema says which arguments it
+  writes (``alias_info.is_write``: in-place ``self``, ``out=``), which it only views (metadata) and
+  which it reads; a tensor argument is mapped to a named buffer by its data pointer range, as CSAN
+  keys its state by data pointer;
+- a Triton kernel bypasses the dispatcher, so its launcher is wrapped (Triton's own
+  ``launch_enter_hook`` is not called by the interpreter that runs kernels on the CPU): every tensor
+  argument is an access, a write when the kernel's source stores or atomically updates through that
+  pointer, a read when it only loads, both when the source cannot tell;
+- the access is attributed to the operation the device is running (the launch's stream and place in
+  the program) or, for an op the host runs outside any launch, to the device's current stream (the
+  real current CUDA stream on a GPU), and carries the Python frame that issued it.
+
+Regions: an op that indexes a registered table through an index tensor the host can read
+(``index``/``index_put_``/``index_select``/``index_fill_``/``index_copy_``/``index_add_`` along dim 0,
+index on the CPU) touches those rows; any other op touches the rows its tensor's span covers (a view
+of rows gives those rows; anything reaching across rows, or an index on the GPU, which could only be
+read with a host sync, gives the span). A buffer's rows are its dim-0 entries: rows of
+``req_to_token``, slots of Full-to-SWA, the mapping and the KV pools, as the declarations name them.
+
+Declared accesses remain (the harness stands in for parts of the system), but they are checked: an
+observed access to a shared buffer that the running launch did not declare, or declared narrower,
+is an `UndeclaredAccess`, a finding of its own, so a wrong declaration can never hide a race.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import contextlib
+import functools
+import inspect
+import os
+import re
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.hb import HappensBefore, LaunchRecord, Region, covers, describe_region, union
+
+aten = torch.ops.aten
+
+# CSAN's rule: a factory op (`empty_like`, `new_zeros`) reads only the metadata of its tensor argument.
+_FACTORY = re.compile("(new_.*|.*_like)")
+# Ops whose dim-0 index argument names the rows of `self` they touch: (position of dim, of index).
+_INDEXED_ALONG = {"index_select": (1, 2), "index_fill_": (1, 2), "index_copy_": (1, 2), "index_add_": (1, 2),
+                  "index_fill": (1, 2), "index_copy": (1, 2), "index_add": (1, 2)}
+_INDEXED_BY_LIST = ("index", "index_put_", "index_put", "_index_put_impl_")
+_SMALL_INDEX = 64  # up to this many entries the rows are read directly, beyond it through torch.unique
+# The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
+BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
+_TABLES = ("req_to_token", "full_to_swa", "full_to_hisparse")
+
+
+@dataclass(frozen=True)
+class UndeclaredAccess:
+    """An access a launched operation made to a shared buffer outside what it declared."""
+
+    op: str
+    stream: int
+    seq: int
+    buffer: str
+    region: Region
+    is_write: bool
+    declared: Region  # what the op declared for this buffer and kind; absent: not declared at all
+    declared_at_all: bool
+    frame: Optional[str]
+
+    def __str__(self) -> str:
+        kind = "write" if self.is_write else "read"
+        said = (f"it declared only {describe_region(self.declared)}" if self.declared_at_all
+                else f"it declared no {kind} of {self.buffer!r}")
+        at = f" at {self.frame}" if self.frame else ""
+        return (f"undeclared {kind} of {self.buffer!r} ({describe_region(self.region)}) by {self.op!r} "
+                f"on stream {self.stream} (seq {self.seq}){at}: {said}; the tracker judged the observed access")
+
+
+@dataclass(frozen=True)
+class _Registered:
+    name: str
+    start: int
+    end: int
+    row_bytes: int
+    rows: int
+    shared: bool
+    tensor: torch.Tensor = field(compare=False, repr=False)  # kept alive: its memory is never reused under the name
+
+
+class Observer:
+    """Records which registered buffer every op reads and writes, and feeds `tracker`.
+
+    `stream_id()` names the stream an op outside any launch runs on (the device's current stream).
+    Turn it on around the code under test with `observing()`; attribute the ops of one launched
+    closure with `attributed(record, fn)`.
+    """
+
+    def __init__(self, tracker: HappensBefore, stream_id: Callable[[], int]):
+        self.tracker = tracker
+        self.stream_id = stream_id
+        self.undeclared: list[UndeclaredAccess] = []
+        self._by_name: dict[str, _Registered] = {}
+        self._starts: list[int] = []
+        self._ranges: list[_Registered] = []
+        self._record: Optional[LaunchRecord] = None
+        self._capture: Optional[tuple[dict, dict, str, Mapping, Mapping]] = None
+        self._suspended = 0
+
+    # -- buffers ---------------------------------------------------------------------------------
+
+    def register(self, name: str, tensor: torch.Tensor, *, shared: bool = True) -> None:
+        """Name the memory `tensor` spans. Re-registering a name moves it to the new tensor (the next
+        batch's per-batch tensors); two names may not share memory. `shared`: the scheduler writes it,
+        so an access the op did not declare is a finding."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"buffer {name!r}: expected a tensor, got {type(tensor).__name__}")
+        self.forget(name)
+        if tensor.numel() == 0:
+            return
+        start, end = _span(tensor)
+        row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
+        entry = _Registered(name, start, end, max(row_bytes, 1), tensor.shape[0], shared, tensor)
+        for other in self._overlapping(start, end):
+            raise ValueError(f"buffer {name!r} overlaps the registered buffer {other.name!r}")
+        index = bisect.bisect_left(self._starts, start)
+        self._starts.insert(index, start)
+        self._ranges.insert(index, entry)
+        self._by_name[name] = entry
+
+    def forget(self, name: str) -> None:
+        entry = self._by_name.pop(name, None)
+        if entry is not None:
+            index = self._ranges.index(entry)
+            del self._starts[index], self._ranges[index]
+
+    def register_session(self, session) -> None:
+        """The protocol's shared state: the three tables and the KV pools (`kv_state()`), a 3-D pool
+        per layer as `name[layer]`, the names the declarations use."""
+        for name in _TABLES:
+            table = getattr(session, name, None)
+            if isinstance(table, torch.Tensor):
+                self.register(name, table)
+        for name, pool in session.kv_state().items():
+            if pool.dim() == 3:
+                for layer in range(pool.shape[0]):
+                    self.register(f"{name}[{layer}]", pool[layer])
+            else:
+                self.register(name, pool)
+
+    def register_batch(self, fb) -> None:
+        """The per-batch tensors of the batch just loaded, as `fb.<field>`."""
+        for name in BATCH_FIELDS:
+            tensor = getattr(fb, name, None)
+            if isinstance(tensor, torch.Tensor):
+                self.register(f"fb.{name}", tensor)
+
+    def _overlapping(self, start: int, end: int) -> Iterator[_Registered]:
+        index = bisect.bisect_left(self._starts, end)
+        while index > 0:
+            index -= 1
+            entry = self._ranges[index]
+            if entry.end <= start:
+                break
+            yield entry
+
+    # -- switching on and attributing ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def observing(self) -> Iterator["Observer"]:
+        """Every aten op and Triton launch in the block is observed."""
+        global _ACTIVE
+        _wrap_triton_launchers()
+        previous, _ACTIVE = _ACTIVE, self
+        try:
+            with _Dispatch(self):
+                yield self
+        finally:
+            _ACTIVE = previous
+
+    def attributed(self, record: LaunchRecord, fn: Callable[[], None]) -> Callable[[], None]:
+        """`fn` as the device runs it: its accesses belong to `record`, which closes when it returns."""
+
+        def run() -> None:
+            previous, self._record = self._record, record
+            try:
+                fn()
+            finally:
+                self._record = previous
+                self.tracker.close_launch(record)
+
+        return run
+
+    def collecting(self, op: str, reads: Mapping, writes: Mapping, fn: Callable[[], None],
+                   into: tuple[dict, dict]) -> Callable[[], None]:
+        """`fn` as a graph capture runs it: what it touches is added to the node's reads and writes
+        (`into`), so every replay of the graph carries it; nothing is fed to the tracker now."""
+
+        def run() -> None:
+            previous, self._capture = self._capture, (into[0], into[1], op, reads, writes)
+            try:
+                fn()
+            finally:
+                self._capture = previous
+
+        return run
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Ops in the block are not observed (a Triton interpreter copying its arguments back)."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    # -- one op ------------------------------------------------------------------------------------
+
+    def _on_op(self, func, args, kwargs) -> None:
+        if self._suspended or not self._ranges:
+            return
+        schema = func._schema
+        accesses: list[tuple[str, Region, bool, bool]] = []
+        metadata_only_op = bool(_FACTORY.match(schema.name))
+        for position, (argument, value) in enumerate(_arguments(schema, args, kwargs)):
+            alias = argument.alias_info
+            is_write = alias is not None and alias.is_write
+            if not is_write and (metadata_only_op or alias is not None):
+                continue  # a view or a factory: only the metadata is read
+            rows = functools.partial(_indexed_rows, schema.name.split("::")[-1], args) if position == 0 else None
+            for tensor in _tensors(value):
+                self._match(tensor, is_write, rows, accesses)
+        if accesses:
+            self._feed(str(func), accesses)
+
+    def _on_triton(self, kernel, args, kwargs) -> None:
+        if self._suspended or not self._ranges:
+            return
+        kinds = kernel_access_kinds(kernel.fn)
+        accesses: list[tuple[str, Region, bool, bool]] = []
+        bound = list(zip(kernel.arg_names, args)) + list(kwargs.items())
+        for name, value in bound:
+            if isinstance(value, torch.Tensor):
+                loads, stores = kinds.get(name, (True, True))
+                if stores:
+                    self._match(value, True, None, accesses)
+                if loads:
+                    self._match(value, False, None, accesses)
+        if accesses:
+            self._feed(f"triton:{getattr(kernel.fn, '__name__', 'kernel')}", accesses)
+
+    def _match(self, tensor: torch.Tensor, is_write: bool, rows: Optional[Callable[[], Optional[list[int]]]],
+               into: list[tuple[str, Region, bool, bool]]) -> None:
+        """`rows`, for an indexing op's `self`, reads the rows its index names (only once it matters)."""
+        if tensor.numel() == 0 or tensor.device.type == "meta":
+            return
+        start, end = _span(tensor)
+        for entry in self._overlapping(start, end):
+            into.append((entry.name, _region(entry, tensor, start, end, rows() if rows else None), is_write,
+                         entry.shared))
+
+    def _feed(self, label: str, accesses: list[tuple[str, Region, bool, bool]]) -> None:
+        frame = issuing_frame()
+        if self._capture is not None:
+            node_reads, node_writes, op, reads, writes = self._capture
+            for buffer, region, is_write, shared in accesses:
+                into = node_writes if is_write else node_reads
+                into[buffer] = region if buffer not in into else union(into[buffer], region)
+                if shared:
+                    self._check_declared(op, self.stream_id(), 0, reads, writes, buffer, region, is_write, frame)
+            return
+        record = self._record
+        host = record is None
+        if host:
+            record = self.tracker.open_launch(self.stream_id(), f"host {label}")
+        try:
+            for buffer, region, is_write, shared in accesses:
+                self.tracker.observe(record, buffer, region, is_write, frame)
+                if shared and not host:
+                    self._check_declared(record.op, record.stream, record.seq, record.reads, record.writes,
+                                         buffer, region, is_write, frame)
+        finally:
+            if host:
+                self.tracker.close_launch(record)
+
+    def _check_declared(self, op, stream, seq, reads, writes, buffer, region, is_write, frame) -> None:
+        declared = [writes] if is_write else [reads, writes]
+        present = [d[buffer] for d in declared if buffer in d]
+        widest: Region = frozenset()
+        for region_declared in present:
+            widest = union(widest, region_declared)
+        if present and covers(widest, region):
+            return
+        self.undeclared.append(UndeclaredAccess(op, stream, seq, buffer, region, is_write, widest, bool(present), frame))
+
+
+class _Dispatch(TorchDispatchMode):
+    """CSAN's dispatch mode, reporting to an `Observer` instead of keeping its own state."""
+
+    def __init__(self, observer: Observer):
+        super().__init__()
+        self.observer = observer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not aten.record_stream.default:  # not a kernel, as CSAN skips it
+            self.observer._on_op(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+# -- tensors, spans and regions --------------------------------------------------------------------------
+
+def _arguments(schema, args, kwargs):
+    """Schema arguments paired with their values (CSAN's `zip_arguments`)."""
+    yield from zip(schema.arguments[: len(args)], args)
+    if kwargs:
+        by_name = {a.name: a for a in schema.arguments[len(args):]}
+        for name, value in kwargs.items():
+            if name in by_name:
+                yield by_name[name], value
+
+
+def _tensors(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                yield item
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes a (possibly strided) tensor can touch: [first, last + 1)."""
+    size = tensor.element_size()
+    low = high = tensor.data_ptr()
+    for extent, stride in zip(tensor.shape, tensor.stride()):
+        if extent > 1:
+            if stride >= 0:
+                high += (extent - 1) * stride * size
+            else:
+                low += (extent - 1) * stride * size
+    return low, high + size
+
+
+def _region(entry: _Registered, tensor: torch.Tensor, start: int, end: int, rows: Optional[list[int]]) -> Region:
+    """Rows of `entry` that `tensor` touches: the indexed rows where known, else its span's rows."""
+    first = max(start, entry.start) - entry.start
+    last = min(end, entry.end) - 1 - entry.start
+    if rows is not None and tensor.dim() > 0:
+        stride = tensor.stride(0) * tensor.element_size()
+        offset = tensor.data_ptr() - entry.start
+        if stride % entry.row_bytes == 0 and offset % entry.row_bytes == 0 and 0 <= offset < entry.end - entry.start:
+            base, step = offset // entry.row_bytes, stride // entry.row_bytes
+            extent = tensor.shape[0]
+            return frozenset(base + step * (r % extent if r < 0 else r) for r in rows)
+    low, high = first // entry.row_bytes, last // entry.row_bytes + 1
+    if low == 0 and high >= entry.rows:
+        return None
+    return frozenset(range(low, high))
+
+
+def _indexed_rows(name: str, args) -> Optional[list[int]]:
+    """The dim-0 rows an indexing op touches in its `self`, where the index is on the host."""
+    if name in _INDEXED_ALONG:
+        dim_at, index_at = _INDEXED_ALONG[name]
+        if len(args) <= index_at or args[dim_at] != 0:
+            return None
+        return _host_values(args[index_at])
+    if name in _INDEXED_BY_LIST and len(args) > 1 and args[1] and isinstance(args[1], (list, tuple)):
+        return _host_values(args[1][0])
+    return None
+
+
+def _host_values(index) -> Optional[list[int]]:
+    if not isinstance(index, torch.Tensor) or index.device.type != "cpu" or index.dtype == torch.bool:
+        return None  # a GPU index could only be read with a host sync; a mask: left to the span
+    if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        return None
+    if index.numel() > _SMALL_INDEX:
+        index = torch.unique(index)
+    return index.flatten().tolist()
+
+
+# -- the frame that issued an access ------------------------------------------------------------------------
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
+_INTERNAL_PREFIXES = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.join(_HERE, "observe.py"), os.path.join(_HERE, "device") + os.sep, os.path.join(_HERE, "hb.py"),
+    os.path.join(_HERE, "engine.py"), os.path.join(_HERE, "kernels") + os.sep,
+    os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py",
+    os.path.dirname(functools.__file__) + os.sep + "functools.py",
+)
+_kinds: dict[str, str] = {}
+
+
+def _kind_of(filename: str) -> str:
+    kind = _kinds.get(filename)
+    if kind is None:
+        path = os.path.abspath(filename)
+        if path.startswith(_INTERNAL_PREFIXES) or f"{os.sep}triton{os.sep}" in path:
+            kind = "internal"
+        elif f"{os.sep}sglang{os.sep}" in path and f"{os.sep}harness{os.sep}" not in path:
+            kind = "sglang"
+        else:
+            kind = "code"
+        _kinds[filename] = kind
+    return kind
+
+
+def issuing_frame() -> Optional[str]:
+    """`file:line in function` of the code that issued the current op: SGLang's own frame when SGLang
+    is on the stack, else the innermost frame outside torch, Triton and the harness's machinery."""
+    frame = sys._getframe(1)
+    first = None
+    while frame is not None:
+        kind = _kind_of(frame.f_code.co_filename)
+        if kind == "sglang":
+            return _describe_frame(frame)
+        if kind == "code" and first is None:
+            first = frame
+        frame = frame.f_back
+    return _describe_frame(first) if first is not None else None
+
+
+def _describe_frame(frame) -> str:
+    path = os.path.abspath(frame.f_code.co_filename)
+    if "site-packages" + os.sep in path:
+        path = path.split("site-packages" + os.sep, 1)[1]
+    elif path.startswith(_REPO + os.sep):
+        path = os.path.relpath(path, _REPO)
+    return f"{path}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+# -- Triton kernels -------------------------------------------------------------------------------------------
+
+_ACTIVE: Optional[Observer] = None
+_WRAPPED = False
+
+
+@functools.cache
+def kernel_access_kinds(fn) -> dict[str, tuple[bool, bool]]:
+    """For each parameter of a Triton kernel: (loads through it, stores through it), from its source.
+
+    A pointer reaches `tl.load`/`tl.store`/`tl.atomic_*` through local arithmetic (`q_ptr + offs`), so
+    each local name carries the parameters it was computed from. A parameter the source never loads
+    or stores through (passed on to a helper, say) is reported as both: unknown is read and write.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    definition = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if definition is None:
+        return {}
+    params = [a.arg for a in definition.args.args + definition.args.kwonlyargs]
+    origins: dict[str, set[str]] = {p: {p} for p in params}
+
+    def reached(node) -> set[str]:
+        found: set[str] = set()
+        for name in ast.walk(node):
+            if isinstance(name, ast.Name):
+                found |= origins.get(name.id, set())
+        return found
+
+    changed = True
+    while changed:  # to a fixpoint: loops carry pointers from one iteration to the next
+        changed = False
+        for node in ast.walk(definition):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                sources = reached(node.value)
+                for target in targets:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            before = origins.setdefault(name.id, set())
+                            if not sources <= before:
+                                before |= sources
+                                changed = True
+    loads: set[str] = set()
+    stores: set[str] = set()
+    for node in ast.walk(definition):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            op = node.func.attr
+            pointer = node.args[0]
+            if op == "load":
+                loads |= reached(pointer)
+            elif op == "store" or op.startswith("atomic_"):
+                stores |= reached(pointer)
+                if op.startswith("atomic_"):
+                    loads |= reached(pointer)
+    return {p: (p in loads, p in stores) if p in loads or p in stores else (True, True) for p in params}
+
+
+def _wrap_triton_launchers() -> None:
+    """Wrap the compiled and the interpreted launcher once; they report to the active observer only."""
+    global _WRAPPED
+    if _WRAPPED:
+        return
+    _WRAPPED = True
+    try:
+        from triton.runtime import interpreter, jit  # optional: only where Triton is installed
+    except ImportError:
+        return
+    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
+        cls.run = _observed_run(cls.run)
+
+
+def _observed_run(run):
+    @functools.wraps(run)
+    def observed(kernel, *args, grid, warmup=False, **kwargs):
+        observer = _ACTIVE
+        if observer is None or warmup:
+            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+        observer._on_triton(kernel, args, kwargs)
+        with observer.suspended():  # the interpreter's own copies of the arguments are not the kernel's accesses
+            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+    return observed
