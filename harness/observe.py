@@ -337,16 +337,11 @@ def _tensors(value) -> Iterator[torch.Tensor]:
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:
-    """The bytes a (possibly strided) tensor can touch: [first, last + 1)."""
+    """The bytes a strided tensor can touch, [first, last + 1) (torch strides are never negative)."""
     size = tensor.element_size()
-    low = high = tensor.data_ptr()
-    for extent, stride in zip(tensor.shape, tensor.stride()):
-        if extent > 1:
-            if stride >= 0:
-                high += (extent - 1) * stride * size
-            else:
-                low += (extent - 1) * stride * size
-    return low, high + size
+    start = tensor.data_ptr()
+    last = sum((extent - 1) * stride for extent, stride in zip(tensor.shape, tensor.stride()) if extent > 1)
+    return start, start + (last + 1) * size
 
 
 def _region(entry: _Registered, tensor: torch.Tensor, start: int, end: int, rows: Optional[list[int]]) -> Region:
