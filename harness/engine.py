@@ -81,7 +81,7 @@ class CaseResult:
 
 
 def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
-            poison_ok: bool = True, observe: bool = True) -> RunRecord:
+            poison_ok: bool = True, observe: bool = False) -> RunRecord:
     """One run of a case. `observe`: the tracker also judges what the target is observed to touch
     (the session's tables, KV pools and per-batch tensors), and checks its declarations against it."""
     device = make_device(device_name, schedule=schedule, observe=observe)
@@ -161,12 +161,14 @@ ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "executi
 
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
              target_spec: str = "reference", mutant: Optional[str] = None,
-             oracles: Optional[frozenset] = None) -> CaseResult:
-    """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what)."""
+             oracles: Optional[frozenset] = None, observe: bool = True) -> CaseResult:
+    """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what);
+    `observe=False` leaves the tracker with the declared accesses only (to measure the observer)."""
     case.validate()
     start = time.perf_counter()
     poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
-    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok)
+    # Observed: the run the happens-before oracle judges. The barriered run is only compared by value.
+    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe)
     barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
     findings = [f for f in judge(case, overlapped, barriered) if oracles is None or f.oracle in oracles]
     if hasattr(target, "reference_differences") and barriered.crash is None and (oracles is None or "reference" in oracles):

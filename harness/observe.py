@@ -31,7 +31,6 @@ is an `UndeclaredAccess`, a finding of its own, so a wrong declaration can never
 from __future__ import annotations
 
 import ast
-import bisect
 import contextlib
 import functools
 import inspect
@@ -87,6 +86,7 @@ class UndeclaredAccess:
 @dataclass(frozen=True)
 class _Registered:
     name: str
+    storage: int  # the data pointer of the allocation it lives in
     start: int
     end: int
     row_bytes: int
@@ -108,8 +108,7 @@ class Observer:
         self.stream_id = stream_id
         self.undeclared: list[UndeclaredAccess] = []
         self._by_name: dict[str, _Registered] = {}
-        self._starts: list[int] = []
-        self._ranges: list[_Registered] = []
+        self._by_storage: dict[int, list[_Registered]] = {}  # a tensor can reach only its own storage
         self._record: Optional[LaunchRecord] = None
         self._capture: Optional[tuple[dict, dict, str, Mapping, Mapping]] = None
         self._suspended = 0
@@ -127,19 +126,22 @@ class Observer:
             return
         start, end = _span(tensor)
         row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
-        entry = _Registered(name, start, end, max(row_bytes, 1), tensor.shape[0], shared, tensor)
-        for other in self._overlapping(start, end):
-            raise ValueError(f"buffer {name!r} overlaps the registered buffer {other.name!r}")
-        index = bisect.bisect_left(self._starts, start)
-        self._starts.insert(index, start)
-        self._ranges.insert(index, entry)
+        storage = tensor.untyped_storage().data_ptr()
+        entry = _Registered(name, storage, start, end, max(row_bytes, 1), tensor.shape[0], shared, tensor)
+        entries = self._by_storage.setdefault(storage, [])
+        for other in entries:
+            if other.start < end and start < other.end:
+                raise ValueError(f"buffer {name!r} overlaps the registered buffer {other.name!r}")
+        entries.append(entry)
         self._by_name[name] = entry
 
     def forget(self, name: str) -> None:
         entry = self._by_name.pop(name, None)
         if entry is not None:
-            index = self._ranges.index(entry)
-            del self._starts[index], self._ranges[index]
+            entries = self._by_storage[entry.storage]
+            entries.remove(entry)
+            if not entries:
+                del self._by_storage[entry.storage]
 
     def register_session(self, session) -> None:
         """The protocol's shared state: the three tables and the KV pools (`kv_state()`), a 3-D pool
@@ -161,15 +163,6 @@ class Observer:
             tensor = getattr(fb, name, None)
             if isinstance(tensor, torch.Tensor):
                 self.register(f"fb.{name}", tensor)
-
-    def _overlapping(self, start: int, end: int) -> Iterator[_Registered]:
-        index = bisect.bisect_left(self._starts, end)
-        while index > 0:
-            index -= 1
-            entry = self._ranges[index]
-            if entry.end <= start:
-                break
-            yield entry
 
     # -- switching on and attributing ---------------------------------------------------------------
 
@@ -224,24 +217,35 @@ class Observer:
     # -- one op ------------------------------------------------------------------------------------
 
     def _on_op(self, func, args, kwargs) -> None:
-        if self._suspended or not self._ranges:
+        if self._suspended or not self._by_storage:
             return
-        schema = func._schema
+        plan = _PLANS.get(id(func))  # by id: an op's own hash is computed in Python
+        if plan is None:
+            plan = _PLANS[id(func)] = _plan(func)
+        positional, named, indexed, _ = plan
         accesses: list[tuple[str, Region, bool, bool]] = []
-        metadata_only_op = bool(_FACTORY.match(schema.name))
-        for position, (argument, value) in enumerate(_arguments(schema, args, kwargs)):
-            alias = argument.alias_info
-            is_write = alias is not None and alias.is_write
-            if not is_write and (metadata_only_op or alias is not None):
-                continue  # a view or a factory: only the metadata is read
-            rows = functools.partial(_indexed_rows, schema.name.split("::")[-1], args) if position == 0 else None
-            for tensor in _tensors(value):
-                self._match(tensor, is_write, rows, accesses)
+        count = len(args)
+        for position, is_write in positional:
+            if position < count:
+                value = args[position]
+                rows = functools.partial(_indexed_rows, indexed, args) if position == 0 and indexed else None
+                if isinstance(value, torch.Tensor):
+                    self._match(value, is_write, rows, accesses)
+                elif isinstance(value, (list, tuple)):
+                    for tensor in value:
+                        if isinstance(tensor, torch.Tensor):
+                            self._match(tensor, is_write, rows, accesses)
+        if kwargs:
+            for name, value in kwargs.items():
+                is_write = named.get(name)
+                if is_write is not None:
+                    for tensor in _tensors(value):
+                        self._match(tensor, is_write, None, accesses)
         if accesses:
             self._feed(str(func), accesses)
 
     def _on_triton(self, kernel, args, kwargs) -> None:
-        if self._suspended or not self._ranges:
+        if self._suspended or not self._by_storage:
             return
         kinds = kernel_access_kinds(kernel.fn)
         accesses: list[tuple[str, Region, bool, bool]] = []
@@ -259,17 +263,19 @@ class Observer:
     def _match(self, tensor: torch.Tensor, is_write: bool, rows: Optional[Callable[[], Optional[list[int]]]],
                into: list[tuple[str, Region, bool, bool]]) -> None:
         """`rows`, for an indexing op's `self`, reads the rows its index names (only once it matters)."""
-        if tensor.numel() == 0 or tensor.device.type == "meta":
+        entries = self._by_storage.get(tensor.untyped_storage().data_ptr())
+        if entries is None or tensor.numel() == 0:
             return
         start, end = _span(tensor)
-        for entry in self._overlapping(start, end):
-            into.append((entry.name, _region(entry, tensor, start, end, rows() if rows else None), is_write,
-                         entry.shared))
+        for entry in entries:
+            if entry.start < end and start < entry.end:
+                into.append((entry.name, _region(entry, tensor, start, end, rows() if rows else None), is_write,
+                             entry.shared))
 
     def _feed(self, label: str, accesses: list[tuple[str, Region, bool, bool]]) -> None:
-        frame = issuing_frame()
         if self._capture is not None:
             node_reads, node_writes, op, reads, writes = self._capture
+            frame = issuing_frame()
             for buffer, region, is_write, shared in accesses:
                 into = node_writes if is_write else node_reads
                 into[buffer] = region if buffer not in into else union(into[buffer], region)
@@ -280,6 +286,11 @@ class Observer:
         host = record is None
         if host:
             record = self.tracker.open_launch(self.stream_id(), f"host {label}")
+        else:  # what this launch already showed adds nothing: no frame to find, nothing to judge
+            accesses = [a for a in accesses if not covers(record.observed.get((a[0], a[2]), frozenset()), a[1])]
+        if not accesses:
+            return
+        frame = issuing_frame()
         try:
             for buffer, region, is_write, shared in accesses:
                 self.tracker.observe(record, buffer, region, is_write, frame)
@@ -308,6 +319,12 @@ class _Dispatch(TorchDispatchMode):
         super().__init__()
         self.observer = observer
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No Dynamo guard around `__torch_dispatch__`: the harness never compiles, and the guard's
+        wrapper costs a few microseconds on every op, which on the simulator's small ops is most of them."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not aten.record_stream.default:  # not a kernel, as CSAN skips it
@@ -317,14 +334,30 @@ class _Dispatch(TorchDispatchMode):
 
 # -- tensors, spans and regions --------------------------------------------------------------------------
 
-def _arguments(schema, args, kwargs):
-    """Schema arguments paired with their values (CSAN's `zip_arguments`)."""
-    yield from zip(schema.arguments[: len(args)], args)
-    if kwargs:
-        by_name = {a.name: a for a in schema.arguments[len(args):]}
-        for name, value in kwargs.items():
-            if name in by_name:
-                yield by_name[name], value
+_PLANS: dict[int, tuple] = {}
+
+
+def _plan(func):
+    """What an op touches, from its schema (CSAN's rules), worked out once per op: the positions and
+    keyword names of the arguments it reads or writes (a view's or a factory's input is metadata
+    only), and the indexing rule of its `self` if it has one."""
+    schema = func._schema
+    factory = bool(_FACTORY.match(schema.name))
+    positional: list[tuple[int, bool]] = []
+    named: dict[str, bool] = {}
+    for position, argument in enumerate(schema.arguments):
+        alias = argument.alias_info
+        is_write = alias is not None and alias.is_write
+        if not is_write and (factory or alias is not None):
+            continue
+        if argument.kwarg_only:
+            named[argument.name] = is_write
+        else:
+            positional.append((position, is_write))
+            named[argument.name] = is_write  # a positional argument may be passed by keyword too
+    name = schema.name.split("::")[-1]
+    indexed = name if name in _INDEXED_ALONG or name in _INDEXED_BY_LIST else None
+    return tuple(positional), named, indexed, func  # the op itself kept, so its id is never reused
 
 
 def _tensors(value) -> Iterator[torch.Tensor]:
@@ -415,6 +448,7 @@ def issuing_frame() -> Optional[str]:
     """`file:line in function` of the code that issued the current op: SGLang's own frame when SGLang
     is on the stack, else the innermost frame outside torch, Triton and the harness's machinery."""
     frame = sys._getframe(1)
+    whole_stack = "sglang" in sys.modules  # only then can an SGLang frame be further out
     first = None
     while frame is not None:
         kind = _kind_of(frame.f_code.co_filename)
@@ -422,17 +456,25 @@ def issuing_frame() -> Optional[str]:
             return _describe_frame(frame)
         if kind == "code" and first is None:
             first = frame
+            if not whole_stack:
+                break
         frame = frame.f_back
     return _describe_frame(first) if first is not None else None
 
 
 def _describe_frame(frame) -> str:
-    path = os.path.abspath(frame.f_code.co_filename)
+    return f"{_short_path(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+@functools.cache
+def _short_path(filename: str) -> str:
+    """A file as a reader finds it: inside its installed package, or inside this repository."""
+    path = os.path.abspath(filename)
     if "site-packages" + os.sep in path:
-        path = path.split("site-packages" + os.sep, 1)[1]
-    elif path.startswith(_REPO + os.sep):
-        path = os.path.relpath(path, _REPO)
-    return f"{path}:{frame.f_lineno} in {frame.f_code.co_name}"
+        return path.split("site-packages" + os.sep, 1)[1]
+    if path.startswith(_REPO + os.sep):
+        return os.path.relpath(path, _REPO)
+    return path
 
 
 # -- Triton kernels -------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -212,11 +214,13 @@ def test_registration_by_memory(streams):
     assert len(streams.hb.conflicts) == 0  # layer 0's old memory is no longer named
 
 
-def test_the_frame_prefers_sglang():
+def test_the_frame_prefers_sglang(monkeypatch):
     code = compile("def run(f):\n    return f()\n", os.path.join("site-packages", "sglang", "srt", "fake.py"), "exec")
     scope: dict = {}
     exec(code, scope)
-    assert scope["run"](issuing_frame) == "sglang/srt/fake.py:2 in run"
+    assert scope["run"](lambda: issuing_frame()).startswith("tests/test_observer.py:")  # sglang not imported
+    monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
+    assert scope["run"](lambda: issuing_frame()) == "sglang/srt/fake.py:2 in run"  # past the inner lambda
 
 
 # -- graph replays on the simulator -----------------------------------------------------------------------
