@@ -369,3 +369,49 @@ def test_the_same_case_is_clean_without_the_dump(harness_device):
 def test_declarations_alone_miss_the_dump():
     """Why the observer exists: judged by declarations only, the late read is invisible."""
     assert hb_oracle(execute(DebugDumpTarget(), PUBLISHING, "cpu", observe=False)) == []
+
+
+# -- CUDA: real streams, events a target records itself, real graphs ----------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("waits", [True, False])
+def test_cuda_events_a_target_records_itself_order_accesses(waits):
+    from harness.device.cuda import CudaDevice
+
+    device = CudaDevice(observe=True)
+    table = torch.zeros(64, device="cuda")
+    device.observer.register("req_to_token", table)
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()  # streams the device never made
+    with device.observing():
+        with torch.cuda.stream(first):
+            table.fill_(1)
+            done = torch.cuda.Event()
+            done.record()
+        with torch.cuda.stream(second):
+            if waits:
+                second.wait_event(done)
+            table.sum()
+        torch.cuda.synchronize()
+    assert len(device.tracker.conflicts) == (0 if waits else 1)
+
+
+@pytest.mark.gpu
+def test_a_cuda_graph_carries_what_its_capture_was_seen_to_touch():
+    from harness.device.cuda import CudaDevice
+
+    device = CudaDevice(observe=True)
+    r2t = torch.zeros(6, 4, dtype=torch.int32, device="cuda")
+    seen = torch.zeros(4, dtype=torch.int32, device="cuda")
+    device.observer.register("req_to_token", r2t)
+    with device.observing():
+        with device.stream(device.forward_stream):
+            with device.capture("g") as graph:
+                device.launch("captured_read", lambda: seen.copy_(r2t[2]))
+            device.replay(graph)
+        with device.stream(device.schedule_stream):
+            device.launch("rewrite", lambda: r2t[2].fill_(0), writes={"req_to_token": frozenset({2})})
+        device.synchronize()
+    (conflict,) = device.tracker.conflicts
+    assert conflict.earlier.graph == "g" and conflict.earlier.region == frozenset({2})
+    (undeclared,) = device.observer.undeclared
+    assert undeclared.op == "captured_read"
