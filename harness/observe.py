@@ -44,6 +44,7 @@ from typing import Callable, Iterator, Mapping, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.errors import InvalidArgument
 from harness.hb import HappensBefore, LaunchRecord, Region, covers, describe_region, union
 
 aten = torch.ops.aten
@@ -120,7 +121,7 @@ class Observer:
         batch's per-batch tensors); two names may not share memory. `shared`: the scheduler writes it,
         so an access the op did not declare is a finding."""
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"buffer {name!r}: expected a tensor, got {type(tensor).__name__}")
+            raise InvalidArgument(f"buffer {name!r}: expected a tensor, got {type(tensor).__name__}")
         self.forget(name)
         if tensor.numel() == 0:
             return
@@ -131,7 +132,8 @@ class Observer:
         entries = self._by_storage.setdefault(storage, [])
         for other in entries:
             if other.start < end and start < other.end:
-                raise ValueError(f"buffer {name!r} overlaps the registered buffer {other.name!r}")
+                raise InvalidArgument(f"buffer {name!r} overlaps the registered buffer {other.name!r}: "
+                                      "two names may not share memory")
         entries.append(entry)
         self._by_name[name] = entry
 

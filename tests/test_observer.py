@@ -14,7 +14,9 @@ import torch
 
 from harness.case import Batch, Case, Mutation, Request
 from harness.device import SimDevice
+from harness.device.cuda import CudaDevice
 from harness.engine import execute, hb_oracle, run_case
+from harness.errors import InvalidArgument
 from harness.hb import HappensBefore
 from harness.model.runners import ModelRunner
 from harness.observe import Observer, issuing_frame, kernel_access_kinds
@@ -205,7 +207,7 @@ def test_registration_by_memory(streams):
     pool = torch.zeros(2, 5, 3)
     for layer in range(2):
         streams.observer.register(f"swa_kv[{layer}]", pool[layer])
-    with pytest.raises(ValueError, match="overlaps"):
+    with pytest.raises(InvalidArgument, match="'whole' overlaps the registered buffer 'swa_kv\\[0\\]'"):
         streams.observer.register("whole", pool)
     streams.on(S, lambda: pool.sum())  # spans both layers
     assert set(streams.hb._live) == {"swa_kv[0]", "swa_kv[1]"}
@@ -376,8 +378,6 @@ def test_declarations_alone_miss_the_dump():
 @pytest.mark.gpu
 @pytest.mark.parametrize("waits", [True, False])
 def test_cuda_events_a_target_records_itself_order_accesses(waits):
-    from harness.device.cuda import CudaDevice
-
     device = CudaDevice(observe=True)
     table = torch.zeros(64, device="cuda")
     device.observer.register("req_to_token", table)
@@ -397,8 +397,6 @@ def test_cuda_events_a_target_records_itself_order_accesses(waits):
 
 @pytest.mark.gpu
 def test_a_cuda_graph_carries_what_its_capture_was_seen_to_touch():
-    from harness.device.cuda import CudaDevice
-
     device = CudaDevice(observe=True)
     r2t = torch.zeros(6, 4, dtype=torch.int32, device="cuda")
     seen = torch.zeros(4, dtype=torch.int32, device="cuda")
