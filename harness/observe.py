@@ -225,6 +225,8 @@ class Observer:
         if plan is None:
             plan = _PLANS[id(func)] = _plan(func)
         positional, named, indexed, _ = plan
+        if not positional and not named:
+            return  # no tensor argument it could read or write (a factory)
         accesses: list[tuple[str, Region, bool, bool]] = []
         count = len(args)
         for position, is_write in positional:
@@ -341,8 +343,8 @@ _PLANS: dict[int, tuple] = {}
 
 def _plan(func):
     """What an op touches, from its schema (CSAN's rules), worked out once per op: the positions and
-    keyword names of the arguments it reads or writes (a view's or a factory's input is metadata
-    only), and the indexing rule of its `self` if it has one."""
+    keyword names of the tensor arguments it reads or writes (a view's or a factory's input is
+    metadata only), and the indexing rule of its `self` if it has one."""
     schema = func._schema
     factory = bool(_FACTORY.match(schema.name))
     positional: list[tuple[int, bool]] = []
@@ -352,6 +354,8 @@ def _plan(func):
         is_write = alias is not None and alias.is_write
         if not is_write and (factory or alias is not None):
             continue
+        if "Tensor" not in str(argument.type):
+            continue  # a scalar, a size, a dtype
         if argument.kwarg_only:
             named[argument.name] = is_write
         else:
