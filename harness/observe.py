@@ -22,6 +22,9 @@ index on the CPU) touches those rows; any other op touches the rows its tensor's
 of rows gives those rows; anything reaching across rows, or an index on the GPU, which could only be
 read with a host sync, gives the span). A buffer's rows are its dim-0 entries: rows of
 ``req_to_token``, slots of Full-to-SWA, the mapping and the KV pools, as the declarations name them.
+Where the rows cannot be seen (an index on the GPU or a mask, a Triton pointer the kernel offsets
+itself) only the buffer is known: the launch must declare that buffer, and its declared rows are
+what the tracker judges; undeclared, the whole buffer is.
 
 Declared accesses remain (the harness stands in for parts of the system), but they are checked: an
 observed access to a shared buffer that the running launch did not declare, or declared narrower,
@@ -39,7 +42,7 @@ import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -82,6 +85,18 @@ class UndeclaredAccess:
         at = f" at {self.frame}" if self.frame else ""
         return (f"undeclared {kind} of {self.buffer!r} ({describe_region(self.region)}) by {self.op!r} "
                 f"on stream {self.stream} (seq {self.seq}){at}: {said}; the tracker judged the observed access")
+
+
+class _Seen(NamedTuple):
+    """One access an op was seen to make. `exact`: the region is what the op touches; otherwise only
+    the buffer is known (a kernel's pointer, an index the host cannot read) and the region is the
+    span, which the launch's declaration may narrow."""
+
+    buffer: str
+    region: Region
+    is_write: bool
+    shared: bool
+    exact: bool
 
 
 @dataclass(frozen=True)
@@ -184,14 +199,21 @@ class Observer:
         """`fn` as the device runs it: its accesses belong to `record`, which closes when it returns."""
 
         def run() -> None:
-            previous, self._record = self._record, record
-            try:
+            with self.attributing(record):
                 fn()
-            finally:
-                self._record = previous
-                self.tracker.close_launch(record)
 
         return run
+
+    @contextlib.contextmanager
+    def attributing(self, record: LaunchRecord) -> Iterator[None]:
+        """The block's accesses belong to `record` (a launched closure, or host work issued as one
+        operation); the record closes when the block ends."""
+        previous, self._record = self._record, record
+        try:
+            yield
+        finally:
+            self._record = previous
+            self.tracker.close_launch(record)
 
     def collecting(self, op: str, reads: Mapping, writes: Mapping, fn: Callable[[], None],
                    into: tuple[dict, dict]) -> Callable[[], None]:
@@ -227,7 +249,7 @@ class Observer:
         positional, named, indexed, _ = plan
         if not positional and not named:
             return  # no tensor argument it could read or write (a factory)
-        accesses: list[tuple[str, Region, bool, bool]] = []
+        accesses: list[_Seen] = []
         count = len(args)
         for position, is_write in positional:
             if position < count:
@@ -252,20 +274,20 @@ class Observer:
         if self._suspended or not self._by_storage:
             return
         kinds = kernel_access_kinds(kernel.fn)
-        accesses: list[tuple[str, Region, bool, bool]] = []
+        accesses: list[_Seen] = []
         bound = list(zip(kernel.arg_names, args)) + list(kwargs.items())
         for name, value in bound:
             if isinstance(value, torch.Tensor):
                 loads, stores = kinds.get(name, (True, True))
-                if stores:
-                    self._match(value, True, None, accesses)
+                if stores:  # through pointers it computes itself: which rows, only the kernel knows
+                    self._match(value, True, None, accesses, exact=False)
                 if loads:
-                    self._match(value, False, None, accesses)
+                    self._match(value, False, None, accesses, exact=False)
         if accesses:
             self._feed(f"triton:{getattr(kernel.fn, '__name__', 'kernel')}", accesses)
 
     def _match(self, tensor: torch.Tensor, is_write: bool, rows: Optional[Callable[[], Optional[list[int]]]],
-               into: list[tuple[str, Region, bool, bool]]) -> None:
+               into: list[_Seen], exact: bool = True) -> None:
         """`rows`, for an indexing op's `self`, reads the rows its index names (only once it matters)."""
         entries = self._by_storage.get(tensor.untyped_storage().data_ptr())
         if entries is None or tensor.numel() == 0:
@@ -273,47 +295,76 @@ class Observer:
         start, end = _span(tensor)
         for entry in entries:
             if entry.start < end and start < entry.end:
-                into.append((entry.name, _region(entry, tensor, start, end, rows() if rows else None), is_write,
-                             entry.shared))
+                indexed = rows() if rows else None
+                if indexed is _UNREADABLE:
+                    indexed, seen_exactly = None, False
+                else:
+                    seen_exactly = exact
+                into.append(_Seen(entry.name, _region(entry, tensor, start, end, indexed), is_write, entry.shared,
+                                  seen_exactly))
 
-    def _feed(self, label: str, accesses: list[tuple[str, Region, bool, bool]]) -> None:
+    def _feed(self, label: str, accesses: list[_Seen]) -> None:
         if self._capture is not None:
             node_reads, node_writes, op, reads, writes = self._capture
             frame = issuing_frame()
-            for buffer, region, is_write, shared in accesses:
-                into = node_writes if is_write else node_reads
-                into[buffer] = region if buffer not in into else union(into[buffer], region)
-                if shared:
-                    self._check_declared(op, self.stream_id(), 0, reads, writes, buffer, region, is_write, frame)
+            for seen in accesses:
+                region, declared = _against(seen, reads, writes)
+                into = node_writes if seen.is_write else node_reads
+                into[seen.buffer] = region if seen.buffer not in into else union(into[seen.buffer], region)
+                if seen.shared and not declared:
+                    self.undeclared.append(_undeclared(op, self.stream_id(), 0, seen, reads, writes, frame))
             return
         record = self._record
         host = record is None
         if host:
             record = self.tracker.open_launch(self.stream_id(), f"host {label}")
-        else:  # what this launch already showed adds nothing: no frame to find, nothing to judge
-            accesses = [a for a in accesses if not covers(record.observed.get((a[0], a[2]), frozenset()), a[1])]
-        if not accesses:
+            judged = [(seen, seen.region, True) for seen in accesses]  # the host declares nothing to check
+        else:
+            judged = [(seen, *_against(seen, record.reads, record.writes)) for seen in accesses]
+            # what this launch already showed adds nothing: no frame to find, nothing to judge
+            judged = [j for j in judged
+                      if not covers(record.observed.get((j[0].buffer, j[0].is_write), frozenset()), j[1])]
+        if not judged:
             return
         frame = issuing_frame()
         try:
-            for buffer, region, is_write, shared in accesses:
-                self.tracker.observe(record, buffer, region, is_write, frame)
-                if shared and not host:
-                    self._check_declared(record.op, record.stream, record.seq, record.reads, record.writes,
-                                         buffer, region, is_write, frame)
+            for seen, region, declared in judged:
+                self.tracker.observe(record, seen.buffer, region, seen.is_write, frame)
+                if seen.shared and not declared:
+                    self.undeclared.append(_undeclared(record.op, record.stream, record.seq, seen, record.reads,
+                                                       record.writes, frame))
         finally:
             if host:
                 self.tracker.close_launch(record)
 
-    def _check_declared(self, op, stream, seq, reads, writes, buffer, region, is_write, frame) -> None:
-        declared = [writes] if is_write else [reads, writes]
-        present = [d[buffer] for d in declared if buffer in d]
-        widest: Region = frozenset()
-        for region_declared in present:
-            widest = union(widest, region_declared)
-        if present and covers(widest, region):
-            return
-        self.undeclared.append(UndeclaredAccess(op, stream, seq, buffer, region, is_write, widest, bool(present), frame))
+
+def _declared(buffer: str, is_write: bool, reads: Mapping, writes: Mapping) -> tuple[bool, Region]:
+    """Whether the op declared this kind of access to `buffer` (a write declaration covers reads too),
+    and the region it declared."""
+    present = [d[buffer] for d in ((writes,) if is_write else (reads, writes)) if buffer in d]
+    widest: Region = frozenset()
+    for region in present:
+        widest = union(widest, region)
+    return bool(present), widest
+
+
+def _against(seen: _Seen, reads: Mapping, writes: Mapping) -> tuple[Region, bool]:
+    """The region to judge an observed access by, and whether its op declared it. An exact access is
+    judged as seen and must lie inside the declaration; an inexact one (only its buffer is known) is
+    narrowed to the declared region when the op declared that buffer at all."""
+    present, declared = _declared(seen.buffer, seen.is_write, reads, writes)
+    if seen.exact:
+        return seen.region, present and covers(declared, seen.region)
+    if not present:
+        return seen.region, False
+    if declared is None:
+        return seen.region, True
+    return (declared if seen.region is None else declared & seen.region), True
+
+
+def _undeclared(op, stream, seq, seen: _Seen, reads, writes, frame) -> "UndeclaredAccess":
+    present, declared = _declared(seen.buffer, seen.is_write, reads, writes)
+    return UndeclaredAccess(op, stream, seq, seen.buffer, seen.region, seen.is_write, declared, present, frame)
 
 
 class _Dispatch(TorchDispatchMode):
@@ -400,8 +451,8 @@ def _region(entry: _Registered, tensor: torch.Tensor, start: int, end: int, rows
     return frozenset(range(low, high))
 
 
-def _indexed_rows(name: str, args) -> Optional[list[int]]:
-    """The dim-0 rows an indexing op touches in its `self`, where the index is on the host."""
+def _indexed_rows(name: str, args):
+    """The dim-0 rows an indexing op touches in its `self` (see `_host_values`)."""
     if name in _INDEXED_ALONG:
         dim_at, index_at = _INDEXED_ALONG[name]
         if len(args) <= index_at or args[dim_at] != 0:
@@ -412,11 +463,17 @@ def _indexed_rows(name: str, args) -> Optional[list[int]]:
     return None
 
 
-def _host_values(index) -> Optional[list[int]]:
-    if not isinstance(index, torch.Tensor) or index.device.type != "cpu" or index.dtype == torch.bool:
-        return None  # a GPU index could only be read with a host sync; a mask: left to the span
-    if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+_UNREADABLE = object()  # an index whose rows the host cannot read: the rows are unknown, not none
+
+
+def _host_values(index):
+    """The rows an index tensor names; `_UNREADABLE` for one on the GPU (reading it would need a host
+    sync, which closes the race window) or a mask; None where the op indexes no rows of dim 0."""
+    if not isinstance(index, torch.Tensor):
         return None
+    if index.device.type != "cpu" or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
+                                                         torch.uint8):
+        return _UNREADABLE
     if index.numel() > _SMALL_INDEX:
         index = torch.unique(index)
     return index.flatten().tolist()

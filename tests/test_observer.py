@@ -178,6 +178,21 @@ def test_an_undeclared_access_is_reported_with_its_frame(streams):
     assert "undeclared read of 'req_to_token' (indices {4})" in str(silent)
 
 
+def test_an_access_whose_rows_cannot_be_seen_is_narrowed_by_its_declaration(streams):
+    """A mask (like a GPU index, or a kernel's own pointer arithmetic) hides the rows: the buffer is
+    checked against the declaration, and the declared rows are what the tracker judges."""
+    r2t = table()
+    streams.observer.register("req_to_token", r2t)
+    mask = torch.tensor([False, False, True, False, False, False])
+    streams.launch(F, lambda: r2t[mask], op="declared", reads={"req_to_token": frozenset({2})})
+    assert streams.observer.undeclared == []
+    (observed,) = [a for a in streams.hb._live["req_to_token"] if a.frame is not None]
+    assert observed.region == frozenset({2})
+    streams.launch(F, lambda: r2t[mask], op="silent")
+    (undeclared,) = streams.observer.undeclared
+    assert undeclared.op == "silent" and undeclared.region is None
+
+
 def test_a_declared_read_does_not_cover_an_observed_write(streams):
     f2s = torch.zeros(8, dtype=torch.int64)
     streams.observer.register("full_to_swa", f2s)
@@ -314,6 +329,19 @@ def test_a_triton_launch_is_observed(streams, triton_kernel):
     streams.on(S, lambda: dst.sum())
     (conflict,) = streams.hb.conflicts
     assert conflict.earlier.op == "scale" and conflict.earlier.is_write
+
+
+def test_a_triton_pointer_is_narrowed_to_the_declared_rows(streams, triton_kernel):
+    """The kernel reaches rows through its own arithmetic: the declared rows stand, and are judged."""
+    src, dst, count = torch.arange(8.0), torch.zeros(8), torch.zeros(1, dtype=torch.int32)
+    streams.observer.register("full_to_swa", src)
+    streams.launch(F, lambda: triton_kernel[(1,)](src, dst, count, 8, BLOCK=8), op="scale",
+                   reads={"full_to_swa": frozenset({1, 2})})
+    assert streams.observer.undeclared == []
+    streams.on(S, lambda: src[5].fill_(0))  # a slot the kernel did not declare
+    assert streams.hb.conflicts == []
+    streams.on(S, lambda: src[2].fill_(0))
+    assert len(streams.hb.conflicts) == 1
 
 
 def test_the_sparse_attention_kernel_only_stores_its_output():
