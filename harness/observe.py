@@ -324,8 +324,8 @@ class Observer:
             # what this launch already showed adds nothing: no frame to find, nothing to judge
             judged = [j for j in judged
                       if not covers(record.observed.get((j[0].buffer, j[0].is_write), frozenset()), j[1])]
-        if not judged:
-            return
+            if not judged:
+                return
         frame = issuing_frame()
         try:
             for seen, region, declared in judged:
