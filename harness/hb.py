@@ -17,7 +17,7 @@ is judged by the program's order whatever order the accesses arrive in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from types import MappingProxyType
 from typing import Literal, Mapping, Optional
@@ -131,6 +131,13 @@ class Conflict:
     earlier: Access
     later: Access
 
+    def with_frame(self, observed: Access) -> "Conflict":
+        """The same pair, where a side that `observed` was seen to make carries its frame."""
+        def framed(side: Access) -> Access:
+            same = side.seq == observed.seq and side.is_write == observed.is_write and side.frame is None
+            return replace(side, frame=observed.frame) if same else side
+        return Conflict(framed(self.earlier), framed(self.later))
+
     def __str__(self) -> str:
         overlap = describe_region(_overlap(self.earlier.region, self.later.region))
         return (
@@ -186,7 +193,7 @@ class HappensBefore:
         self._host: VectorClock = {}
         self._live: dict[Buffer, list[Access]] = {}
         self._conflicts: list[Conflict] = []
-        self._reported: set[tuple[SeqNum, SeqNum, Buffer]] = set()
+        self._reported: dict[tuple[SeqNum, SeqNum, Buffer], int] = {}  # each pair's place in _conflicts
         self._open: set[SeqNum] = set()
         self._unpruned: set[Buffer] = set()
 
@@ -271,9 +278,15 @@ class HappensBefore:
             ):
                 earlier, later = (prior, access) if prior.seq < access.seq else (access, prior)
                 key = (earlier.seq, later.seq, access.buffer)
-                if key not in self._reported:
-                    self._reported.add(key)
+                index = self._reported.get(key)
+                if index is None:
+                    self._reported[key] = len(self._conflicts) + len(found)
                     found.append(Conflict(earlier, later))
+                elif access.frame is not None:  # the pair, already reported from a declaration, gets its frame
+                    # (a launch's declared and observed accesses are both live: the pair may be in `found`)
+                    reported = self._conflicts if index < len(self._conflicts) else found
+                    at = index if reported is self._conflicts else index - len(self._conflicts)
+                    reported[at] = reported[at].with_frame(access)
         live.append(access)
         self._unpruned.add(access.buffer)
         self._conflicts.extend(found)

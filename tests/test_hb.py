@@ -315,3 +315,11 @@ def test_no_pruning_while_an_access_may_still_be_observed(hb: HappensBefore) -> 
     (conflict,) = hb.observe(pending, "a", WHOLE, False)
     assert conflict.earlier.op == "pending" and conflict.later.op == "first"
     hb.close_launch(pending)
+
+
+def test_a_pair_found_from_a_declaration_gets_the_frame_observed_later(hb: HappensBefore) -> None:
+    late = hb.open_launch(stream(1), "late", reads={"a": WHOLE})
+    bad(hb, stream(2), writes={"a": WHOLE}, op="rewrite")
+    assert hb.observe(late, "a", WHOLE, False, frame="x.py:7 in dump") == []  # the same pair: not twice
+    (conflict,) = hb.conflicts
+    assert conflict.earlier.frame == "x.py:7 in dump" and "at x.py:7 in dump" in str(conflict)
