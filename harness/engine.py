@@ -32,6 +32,7 @@ from harness.errors import HarnessError, InvalidArgument
 from harness.hb import Conflict
 from harness.model.attention import reference_attention
 from harness.mutator import Mutator
+from harness.observe import UndeclaredAccess
 from harness.policy import expected_publish, runs_graph
 from harness.world import BatchWorld, PoolSizes, build_world, kv_contents
 
@@ -58,6 +59,7 @@ class RunRecord:
     applied: list[list[str]] = field(default_factory=list)
     worlds: list[BatchWorld] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
+    undeclared: list[UndeclaredAccess] = field(default_factory=list)
     crash: Optional[tuple[int, str]] = None
     trace: list[str] = field(default_factory=list)
     schedule: str = ""
@@ -79,20 +81,28 @@ class CaseResult:
 
 
 def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
-            poison_ok: bool = True) -> RunRecord:
-    device = make_device(device_name, schedule=schedule)
+            poison_ok: bool = True, observe: bool = False) -> RunRecord:
+    """One run of a case. `observe`: the tracker also judges what the target is observed to touch
+    (the session's tables, KV pools and per-batch tensors), and checks its declarations against it."""
+    device = make_device(device_name, schedule=schedule, observe=observe)
     device.race_delay = case.delay_cycles
     record = RunRecord()
     began = time.perf_counter()
-    session = target.open(case, device)
+    with device.observing():
+        session = target.open(case, device)
+    if device.observer is not None:
+        device.observer.register_session(session)
     record.setup_seconds += time.perf_counter() - began
     sizes = PoolSizes.for_case(case)
     for index, batch in enumerate(case.batches):
         world = build_world(case, index, sizes)
         record.worlds.append(world)
         began = time.perf_counter()
-        with device.stream(device.forward_stream):  # the batch's inputs are ordered before the forward reads them
+        # the batch's inputs are ordered before the forward reads them
+        with device.observing(), device.stream(device.forward_stream):
             fb = session.load(world)
+        if device.observer is not None:
+            device.observer.register_batch(fb)
         record.setup_seconds += time.perf_counter() - began
         session.current_batch = fb
         mutator = Mutator(world, session, device, poison_ok=poison_ok)
@@ -105,9 +115,11 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
             with device.stream(device.forward_stream):
                 device.delay(case.delay_cycles)
         try:
-            outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: mutator.issue(batch.mutations),
-                                   after_launch=after_launch)
-            device.synchronize()
+            with device.observing():
+                outputs = session.step(fb, graph=batch.graph,
+                                       process_batch_result=lambda: mutator.issue(batch.mutations),
+                                       after_launch=after_launch)
+                device.synchronize()
         except OpFailed as exc:
             record.crash = (index, str(exc))
         except HarnessError:
@@ -123,6 +135,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         captured.update({f"pool.{name}": t.detach().cpu().clone() for name, t in session.kv_state().items()})
         record.outputs.append(captured)
     record.conflicts = device.tracker.conflicts
+    record.undeclared = list(device.observer.undeclared) if device.observer is not None else []
     record.trace = device.trace()
     record.schedule = device.forced_string() if hasattr(device, "forced_string") else schedule
     record.decisions = [(d.chosen, d.options) for d in getattr(device, "decisions", [])]
@@ -148,12 +161,14 @@ ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "executi
 
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
              target_spec: str = "reference", mutant: Optional[str] = None,
-             oracles: Optional[frozenset] = None) -> CaseResult:
-    """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what)."""
+             oracles: Optional[frozenset] = None, observe: bool = True) -> CaseResult:
+    """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what);
+    `observe=False` leaves the tracker with the declared accesses only (to measure the observer)."""
     case.validate()
     start = time.perf_counter()
     poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
-    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok)
+    # Observed: the run the happens-before oracle judges. The barriered run is only compared by value.
+    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe)
     barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
     findings = [f for f in judge(case, overlapped, barriered) if oracles is None or f.oracle in oracles]
     if hasattr(target, "reference_differences") and barriered.crash is None and (oracles is None or "reference" in oracles):
@@ -259,9 +274,20 @@ def _describe_difference(name: str, x: torch.Tensor, y: torch.Tensor, world: Bat
 
 
 def hb_oracle(run: RunRecord) -> list[Finding]:
-    return [Finding("happens-before", "unordered-access", str(c),
-                    details={"buffer": c.earlier.buffer, "ops": [c.earlier.op, c.later.op]})
-            for c in run.conflicts]
+    """Unordered conflicting pairs, declared or observed; and every observed access to a shared buffer
+    that its operation did not declare (one finding per op, buffer and kind)."""
+    findings = [Finding("happens-before", "unordered-access", str(c),
+                        details={"buffer": c.earlier.buffer, "ops": [c.earlier.op, c.later.op],
+                                 "frames": [c.earlier.frame, c.later.frame]})
+                for c in run.conflicts]
+    seen = set()
+    for access in run.undeclared:
+        key = (access.op, access.buffer, access.is_write)
+        if key not in seen:
+            seen.add(key)
+            findings.append(Finding("happens-before", "undeclared-access", str(access),
+                                    details={"buffer": access.buffer, "ops": [access.op], "frames": [access.frame]}))
+    return findings
 
 
 def policy_oracle(case: Case, run: RunRecord) -> list[Finding]:

@@ -8,11 +8,16 @@ when the later stream's clock has reached the earlier access's sequence number.
 Beyond CSAN, an access names a *region* of a buffer rather than a base pointer, kernels
 launched outside torch's dispatcher declare their reads and writes explicitly, and a
 captured CUDA graph can be replayed into the tracker with its internal record/wait edges.
+
+Accesses may arrive after their launch was issued: the observer (``harness/observe.py``) sees
+what an operation really touched only when it executes, which on the simulator is long after
+the host issued it. Each access therefore carries the clock its stream had at issue, so a pair
+is judged by the program's order whatever order the accesses arrive in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import count
 from types import MappingProxyType
 from typing import Literal, Mapping, Optional
@@ -35,7 +40,7 @@ def overlaps(a: Region, b: Region) -> bool:
     return a is None or b is None or not a.isdisjoint(b)
 
 
-def _covers(outer: Region, inner: Region) -> bool:
+def covers(outer: Region, inner: Region) -> bool:
     return outer is None or (inner is not None and inner <= outer)
 
 
@@ -47,7 +52,14 @@ def _overlap(a: Region, b: Region) -> Region:
     return a & b
 
 
-def _describe_region(region: Region) -> str:
+def union(a: Region, b: Region) -> Region:
+    return None if a is None or b is None else a | b
+
+
+_NOT_SEEN = object()
+
+
+def describe_region(region: Region) -> str:
     if region is None:
         return "whole buffer"
     shown = ", ".join(str(i) for i in sorted(region)[:_SHOWN_INDICES])
@@ -75,15 +87,41 @@ class Access:
     region: Region
     is_write: bool
     graph: Optional[str] = None
+    clock: Mapping[StreamId, SeqNum] = field(default_factory=dict, compare=False, repr=False)
+    """The issuing stream's clock at issue: what this access is known to be ordered after."""
+    frame: Optional[str] = None
+    """Where an observed access came from (``file:line in function``); None for a declared one."""
 
     @property
     def kind(self) -> str:
         return "write" if self.is_write else "read"
 
+    def ordered_with(self, other: "Access") -> bool:
+        """Whether one of the two is known to complete before the other starts."""
+        first, second = (self, other) if self.seq < other.seq else (other, self)
+        return second.clock.get(first.stream, 0) >= first.seq
+
     def _describe(self) -> str:
         where = f"stream {self.stream}" if self.stream >= 0 else f"graph-local stream {self.stream}"
         origin = f", graph {self.graph!r}" if self.graph is not None else ""
-        return f"{self.kind} by {self.op!r} on {where} (seq {self.seq}{origin})"
+        frame = f" at {self.frame}" if self.frame else ""
+        return f"{self.kind} by {self.op!r} on {where} (seq {self.seq}{origin}){frame}"
+
+
+@dataclass
+class LaunchRecord:
+    """One issued operation: its place in the order and what it declared. Observed accesses are
+    added to it while it runs (`HappensBefore.observe`); it stays open until it has finished."""
+
+    stream: StreamId
+    seq: SeqNum
+    op: str
+    clock: Mapping[StreamId, SeqNum]
+    reads: Mapping[Buffer, Region]
+    writes: Mapping[Buffer, Region]
+    graph: Optional[str] = None
+    conflicts: list["Conflict"] = field(default_factory=list)
+    observed: dict[tuple[Buffer, bool], Region] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,8 +131,15 @@ class Conflict:
     earlier: Access
     later: Access
 
+    def with_frame(self, observed: Access) -> "Conflict":
+        """The same pair, where a side that `observed` was seen to make carries its frame."""
+        def framed(side: Access) -> Access:
+            same = side.seq == observed.seq and side.is_write == observed.is_write and side.frame is None
+            return replace(side, frame=observed.frame) if same else side
+        return Conflict(framed(self.earlier), framed(self.later))
+
     def __str__(self) -> str:
-        overlap = _describe_region(_overlap(self.earlier.region, self.later.region))
+        overlap = describe_region(_overlap(self.earlier.region, self.later.region))
         return (
             f"race on {self.earlier.buffer!r} ({overlap}):\n"
             f"  {self.earlier._describe()} is not ordered before {self.later._describe()}"
@@ -148,6 +193,9 @@ class HappensBefore:
         self._host: VectorClock = {}
         self._live: dict[Buffer, list[Access]] = {}
         self._conflicts: list[Conflict] = []
+        self._reported: dict[tuple[SeqNum, SeqNum, Buffer], int] = {}  # each pair's place in _conflicts
+        self._open: set[SeqNum] = set()
+        self._unpruned: set[Buffer] = set()
 
     @property
     def conflicts(self) -> list[Conflict]:
@@ -169,40 +217,97 @@ class HappensBefore:
         *,
         graph: Optional[str] = None,
     ) -> list[Conflict]:
+        """Issue an operation whose accesses are all declared: judged at once, then closed."""
+        record = self.open_launch(stream, op, reads, writes, graph=graph)
+        self.close_launch(record)
+        return record.conflicts
+
+    def open_launch(
+        self,
+        stream: StreamId,
+        op: str,
+        reads: Mapping[Buffer, Region] = _NO_ACCESSES,
+        writes: Mapping[Buffer, Region] = _NO_ACCESSES,
+        *,
+        graph: Optional[str] = None,
+    ) -> LaunchRecord:
+        """Issue an operation: its declared accesses are judged now; what it is observed to touch
+        while it runs is added with `observe` until `close_launch`."""
         seq = next(self._seqs)
         clock = self._clock(stream)
         clock[stream] = seq
+        record = LaunchRecord(stream, seq, op, dict(clock), reads, writes, graph)
+        self._open.add(seq)
         # Writes first, so an op that reads and writes one buffer is reported by its write.
-        accesses = [Access(stream, seq, op, b, r, True, graph) for b, r in writes.items()]
-        accesses += [Access(stream, seq, op, b, r, False, graph) for b, r in reads.items()]
+        for buffer, region in writes.items():
+            record.conflicts += self._add(Access(stream, seq, op, buffer, region, True, graph, record.clock))
+        for buffer, region in reads.items():
+            record.conflicts += self._add(Access(stream, seq, op, buffer, region, False, graph, record.clock))
+        return record
 
+    def observe(self, record: LaunchRecord, buffer: Buffer, region: Region, is_write: bool,
+                frame: Optional[str] = None) -> list[Conflict]:
+        """An access `record`'s operation was seen to make, judged against every other access to the
+        buffer, earlier or later in the program, by the clocks both had at issue."""
+        known = record.observed.get((buffer, is_write), _NOT_SEEN)
+        if known is not _NOT_SEEN and covers(known, region):
+            return []
+        record.observed[(buffer, is_write)] = region if known is _NOT_SEEN else union(known, region)
+        found = self._add(Access(record.stream, record.seq, record.op, buffer, region, is_write, record.graph,
+                                 record.clock, frame))
+        record.conflicts += found
+        return found
+
+    def close_launch(self, record: LaunchRecord) -> None:
+        """The operation has finished: nothing more will be observed for it."""
+        self._open.discard(record.seq)
+        if not self._open:
+            for buffer in self._unpruned:
+                self._prune(buffer)
+            self._unpruned.clear()
+
+    def _add(self, access: Access) -> list[Conflict]:
         found: list[Conflict] = []
-        reported: set[tuple[SeqNum, Buffer]] = set()
-        for access in accesses:
-            for prior in self._live.get(access.buffer, ()):
-                if (
-                    (access.is_write or prior.is_write)
-                    and overlaps(prior.region, access.region)
-                    and clock.get(prior.stream, 0) < prior.seq
-                    and (prior.seq, access.buffer) not in reported
-                ):
-                    reported.add((prior.seq, access.buffer))
-                    found.append(Conflict(prior, access))
-
-        for access in accesses:
-            live = self._live.setdefault(access.buffer, [])
-            live[:] = [prior for prior in live if not self._replaces(access, prior, clock)]
-            live.append(access)
-
+        live = self._live.setdefault(access.buffer, [])
+        for prior in live:
+            if (
+                prior.seq != access.seq
+                and (access.is_write or prior.is_write)
+                and overlaps(prior.region, access.region)
+                and not access.ordered_with(prior)
+            ):
+                earlier, later = (prior, access) if prior.seq < access.seq else (access, prior)
+                key = (earlier.seq, later.seq, access.buffer)
+                index = self._reported.get(key)
+                if index is None:
+                    self._reported[key] = len(self._conflicts) + len(found)
+                    found.append(Conflict(earlier, later))
+                elif access.frame is not None:  # the pair, already reported from a declaration, gets its frame
+                    # (a launch's declared and observed accesses are both live: the pair may be in `found`)
+                    reported = self._conflicts if index < len(self._conflicts) else found
+                    at = index if reported is self._conflicts else index - len(self._conflicts)
+                    reported[at] = reported[at].with_frame(access)
+        live.append(access)
+        self._unpruned.add(access.buffer)
         self._conflicts.extend(found)
         return found
 
+    def _prune(self, buffer: Buffer) -> None:
+        """Drop accesses that a later one replaces. Only while no operation is open: an access still
+        to be observed may fall between an access and its replacement, which the argument below needs
+        not to happen."""
+        kept: list[Access] = []
+        for access in sorted(self._live[buffer], key=lambda a: a.seq):
+            kept = [prior for prior in kept if not self._replaces(access, prior)]
+            kept.append(access)
+        self._live[buffer] = kept
+
     @staticmethod
-    def _replaces(access: Access, prior: Access, clock: VectorClock) -> bool:
+    def _replaces(access: Access, prior: Access) -> bool:
         return (
             prior.seq < access.seq
-            and clock.get(prior.stream, 0) >= prior.seq
-            and _covers(access.region, prior.region)
+            and access.clock.get(prior.stream, 0) >= prior.seq
+            and covers(access.region, prior.region)
             and (access.is_write or not prior.is_write)
         )
 
@@ -238,7 +343,15 @@ class HappensBefore:
             _merge(clock, self._host)
 
     def replay(self, graph: CapturedGraph, stream: StreamId) -> list[Conflict]:
-        """Feed one replay of ``graph`` on ``stream`` into the tracker.
+        """Feed one replay of ``graph`` on ``stream`` into the tracker, every node closed at once."""
+        found: list[Conflict] = []
+        for record in self.replay_launches(graph, stream):
+            self.close_launch(record)
+            found += record.conflicts
+        return found
+
+    def replay_launches(self, graph: CapturedGraph, stream: StreamId) -> list[LaunchRecord]:
+        """One replay of ``graph`` on ``stream``; its launch nodes' records, still open, in node order.
 
         Capture-local streams other than 0 become fresh virtual streams (negative ids) that
         fork from ``stream`` at replay start and join back into it at the end, as a graph
@@ -246,14 +359,14 @@ class HappensBefore:
         inside the graph can order work on other streams after the replay."""
         fork = dict(self._clock(stream))
         streams: dict[int, StreamId] = {0: stream}
-        found: list[Conflict] = []
+        records: list[LaunchRecord] = []
         for node in graph.nodes:
             if node.stream not in streams:
                 streams[node.stream] = next(self._virtual_streams)
                 self._streams[streams[node.stream]] = dict(fork)
             on = streams[node.stream]
             if node.kind == "launch":
-                found += self.launch(on, node.op, dict(node.reads), dict(node.writes), graph=graph.name)
+                records.append(self.open_launch(on, node.op, dict(node.reads), dict(node.writes), graph=graph.name))
             elif node.kind == "record":
                 assert node.event is not None
                 self.record(node.event, on)
@@ -265,4 +378,4 @@ class HappensBefore:
         for virtual in streams.values():
             if virtual != stream:
                 _merge(joined, self._streams.pop(virtual))
-        return found
+        return records

@@ -291,3 +291,35 @@ def test_pruning_loses_no_racy_access(steps: list[tuple]) -> None:
     assert pairs(pruned) <= pairs(kept)
     racy = {(c.later.seq, c.later.buffer) for c in kept.conflicts}
     assert {(c.later.seq, c.later.buffer) for c in pruned.conflicts} == racy
+
+
+def test_an_access_observed_late_is_judged_by_its_clock_at_issue(hb: HappensBefore) -> None:
+    before = hb.open_launch(stream(1), "snapshot")
+    hb.record(event(1), stream(1))
+    after = hb.open_launch(stream(1), "late")
+    hb.wait(stream(2), event(1))
+    ok(hb, stream(2), writes={"a": WHOLE}, op="rewrite")
+    assert hb.observe(before, "a", WHOLE, False) == []  # issued before the event: ordered
+    (conflict,) = hb.observe(after, "a", WHOLE, False, frame="x.py:3 in late")
+    assert conflict.earlier.op == "late" and conflict.later.op == "rewrite"
+    assert "at x.py:3 in late" in str(conflict)
+
+
+def test_no_pruning_while_an_access_may_still_be_observed(hb: HappensBefore) -> None:
+    """A write later replaced on its own stream still races with an access observed late between them."""
+    pending = hb.open_launch(stream(2), "pending")
+    hb.record(event(1), stream(2))
+    ok(hb, stream(1), writes={"a": WHOLE}, op="first")
+    hb.wait(stream(1), event(1))
+    ok(hb, stream(1), writes={"a": WHOLE}, op="second")  # ordered after `first` and `pending`
+    (conflict,) = hb.observe(pending, "a", WHOLE, False)
+    assert conflict.earlier.op == "pending" and conflict.later.op == "first"
+    hb.close_launch(pending)
+
+
+def test_a_pair_found_from_a_declaration_gets_the_frame_observed_later(hb: HappensBefore) -> None:
+    late = hb.open_launch(stream(1), "late", reads={"a": WHOLE})
+    bad(hb, stream(2), writes={"a": WHOLE}, op="rewrite")
+    assert hb.observe(late, "a", WHOLE, False, frame="x.py:7 in dump") == []  # the same pair: not twice
+    (conflict,) = hb.conflicts
+    assert conflict.earlier.frame == "x.py:7 in dump" and "at x.py:7 in dump" in str(conflict)

@@ -26,14 +26,15 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def make_device(name: str, *, schedule: str = "adversarial") -> Device:
+def make_device(name: str, *, schedule: str = "adversarial", observe: bool = False) -> Device:
+    """`observe`: the observer feeds the tracker what the code really touches (`harness/observe.py`)."""
     kind = resolve_device(name)
     if kind == "cpu":
-        return SimDevice(schedule=schedule)
+        return SimDevice(schedule=schedule, observe=observe)
     import torch
 
     if not torch.cuda.is_available():
         raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     from harness.device.cuda import CudaDevice
 
-    return CudaDevice()
+    return CudaDevice(observe=observe)

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Optional
 
-from harness.hb import CapturedGraph, GraphNode, HappensBefore, Region
+from harness.hb import CapturedGraph, GraphNode, HappensBefore, LaunchRecord, Region
+from harness.observe import Observer
 
 Accesses = Mapping[str, Region]
 
@@ -50,12 +51,18 @@ class GraphCapture:
 
 
 class Device:
-    """Base class: stream bookkeeping, the tracker, and graph capture shared by both devices."""
+    """Base class: stream bookkeeping, the tracker, and graph capture shared by both devices.
+
+    `observe=True` adds the observer (`harness/observe.py`): what each launched closure really reads
+    and writes, and what the host runs outside any launch, is fed to the tracker beside the
+    declarations, within `observing()`."""
 
     kind = "abstract"
+    capture_runs_closures = False  # a real capture runs each closure once, recording its kernels
 
-    def __init__(self) -> None:
+    def __init__(self, observe: bool = False) -> None:
         self.tracker = HappensBefore()
+        self.observer: Optional[Observer] = Observer(self.tracker, self.observed_stream_id) if observe else None
         self._next_id = 0
         self.forward_stream = self.new_stream("forward")
         self.schedule_stream = self.new_stream("schedule")
@@ -84,17 +91,40 @@ class Device:
         finally:
             self.current_stream = previous
 
+    def observed_stream_id(self) -> int:
+        """The stream an op the host runs outside any launch goes to."""
+        return self.current_stream.id
+
+    def observing(self) -> contextlib.AbstractContextManager:
+        """The block's torch ops and Triton launches are observed (a no-op without the observer)."""
+        return self.observer.observing() if self.observer is not None else contextlib.nullcontext()
+
     def launch(self, op: str, fn: Callable[[], None], reads: Accesses = {}, writes: Accesses = {}) -> None:
         """Issue one operation on the current stream, or capture it if a capture is open."""
         if self._capturing is not None:
-            self._capturing.nodes.append(GraphNode("launch", 0, op, tuple(reads.items()), tuple(writes.items())))
-            self._capturing.fns.append(self._captured(fn))
+            self._capture_launch(op, fn, reads, writes)
             return
         if self._recorded_at is not None and self.current_stream is self.schedule_stream:
             self.issue_gaps.append(time.perf_counter() - self._recorded_at)
             self._recorded_at = None
-        self.tracker.launch(self.current_stream.id, op, reads, writes)
-        self._issue(self.current_stream, op, fn)
+        if self.observer is None:
+            self.tracker.launch(self.current_stream.id, op, reads, writes)
+            self._issue(self.current_stream, op, fn)
+            return
+        record = self.tracker.open_launch(self.current_stream.id, op, reads, writes)
+        self._issue(self.current_stream, op, self.observer.attributed(record, fn))
+
+    def _capture_launch(self, op: str, fn: Callable[[], None], reads: Accesses, writes: Accesses) -> None:
+        """A node of the open capture. Where the capture runs the closure (CUDA), what it is observed
+        to touch joins the node's accesses, so every replay carries it; the simulator's replays
+        re-run the closure and are observed then."""
+        assert self._capturing is not None
+        node_reads, node_writes = dict(reads), dict(writes)
+        if self.observer is not None and self.capture_runs_closures:
+            fn = self.observer.collecting(op, reads, writes, fn, (node_reads, node_writes))
+        replayed = self._captured(fn)
+        self._capturing.nodes.append(GraphNode("launch", 0, op, tuple(node_reads.items()), tuple(node_writes.items())))
+        self._capturing.fns.append(replayed)
 
     @contextlib.contextmanager
     def host_work(self, op: str, reads: Accesses = {}, writes: Accesses = {}) -> Iterator[None]:
@@ -165,12 +195,17 @@ class Device:
 
     def replay(self, graph: GraphCapture) -> None:
         """The tracker receives every captured access and edge of this replay (CSAN sees none)."""
-        self.tracker.replay(graph.as_hb(), self.current_stream.id)
-        self._replay(graph)
+        records = self.tracker.replay_launches(graph.as_hb(), self.current_stream.id)
+        self._replay(graph, records)
 
-    def _replay(self, graph: GraphCapture) -> None:
-        """Re-run the captured closures in capture order on the current stream."""
-        for node, fn in zip(graph.nodes, graph.fns):
+    def _replay(self, graph: GraphCapture, records: list[LaunchRecord]) -> None:
+        """Re-run the captured closures in capture order on the current stream, each observed as its
+        node's launch."""
+        for node, fn, record in zip(graph.nodes, graph.fns, records):
+            if self.observer is None:
+                self.tracker.close_launch(record)
+            else:
+                fn = self.observer.attributed(record, fn)
             self._issue(self.current_stream, f"{graph.name}/{node.op}", fn)
 
     def _captured(self, fn: Callable[[], None]) -> Optional[Callable[[], None]]:

@@ -8,17 +8,20 @@ import warnings
 from typing import Callable, Iterator, Optional
 
 import torch
+from torch.cuda import _gpu_trace
 
 from harness.device.base import Device, Event, GraphCapture, Stream
 
 
 class CudaDevice(Device):
     kind = "cuda"
+    capture_runs_closures = True
     sleep_cycles_per_ms: Optional[float] = None  # measured once per process: the clock `_sleep` counts
 
-    def __init__(self) -> None:
+    def __init__(self, *, observe: bool = False) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
-        super().__init__()
+        self._ids_by_native: dict[int, int] = {}
+        super().__init__(observe)
         self._warm_up()
 
     @property
@@ -27,14 +30,42 @@ class CudaDevice(Device):
 
     def new_stream(self, name: str) -> Stream:
         stream = super().new_stream(name)
-        self._streams[stream.id] = torch.cuda.Stream()
+        self._streams[stream.id] = native = torch.cuda.Stream()
+        self._ids_by_native[native.cuda_stream] = stream.id
         return stream
+
+    def observed_stream_id(self) -> int:
+        """The real current CUDA stream: a target may switch streams itself; one the device did not
+        create gets an id of its own the first time an op runs on it."""
+        return self._stream_of_native(torch.cuda.current_stream().cuda_stream)
 
     @contextlib.contextmanager
     def stream(self, stream: Stream) -> Iterator[Stream]:
         """Also torch's current stream: tensors the target allocates belong to the stream that uses them."""
         with super().stream(stream), torch.cuda.stream(self._streams[stream.id]):
             yield stream
+
+    @contextlib.contextmanager
+    def observing(self) -> Iterator[None]:
+        """Also torch's GPU trace callbacks, as CSAN takes them: events a target records and waits on
+        itself, and its host synchronisations, reach the tracker on the real streams they ran on."""
+        if self.observer is None:
+            yield
+            return
+        global _TRACED
+        _activate_trace()
+        previous, _TRACED = _TRACED, self
+        try:
+            with super().observing():
+                yield
+        finally:
+            _TRACED = previous
+
+    def _stream_of_native(self, native: int) -> int:
+        known = self._ids_by_native.get(native)
+        if known is None:
+            known = self._ids_by_native[native] = Device.new_stream(self, f"torch-{native:#x}").id
+        return known
 
     def native(self, stream: Stream) -> torch.cuda.Stream:
         return self._streams[stream.id]
@@ -86,7 +117,11 @@ class CudaDevice(Device):
         fn()  # recorded into the graph being captured, not executed
         return None
 
-    def _replay(self, graph: GraphCapture) -> None:
+    def _replay(self, graph: GraphCapture, records) -> None:
+        """The replayed kernels bypass the dispatcher: their accesses are the nodes' (declared and
+        observed at capture), already given to the tracker."""
+        for record in records:
+            self.tracker.close_launch(record)
         with torch.cuda.stream(self._streams[self.current_stream.id]):
             graph.native.replay()
 
@@ -110,6 +145,36 @@ class CudaDevice(Device):
 
     def cycles_to_ms(self, cycles: int) -> Optional[float]:
         return cycles / self.sleep_cycles_per_ms
+
+
+_TRACED: Optional[CudaDevice] = None  # the device whose observer the GPU trace feeds now
+_TRACE_ACTIVE = False
+
+
+def _activate_trace() -> None:
+    """Once per process (torch cannot switch its GPU trace off again); the callbacks feed whichever
+    device is observing, and nothing while none is. Native event handles are the tracker's event ids
+    for these (the device's own events have small ids of their own)."""
+    global _TRACE_ACTIVE
+    if _TRACE_ACTIVE:
+        return
+    _TRACE_ACTIVE = True
+    torch._C._activate_gpu_trace()
+
+    def on(method):
+        def callback(*args):
+            if _TRACED is not None:
+                method(_TRACED, *args)
+        return callback
+
+    _gpu_trace.register_callback_for_event_record(
+        on(lambda d, event, stream: d.tracker.record(event, d._stream_of_native(stream))))
+    _gpu_trace.register_callback_for_event_wait(
+        on(lambda d, event, stream: d.tracker.wait(d._stream_of_native(stream), event)))
+    _gpu_trace.register_callback_for_stream_synchronization(
+        on(lambda d, stream: d.tracker.sync_stream(d._stream_of_native(stream))))
+    _gpu_trace.register_callback_for_event_synchronization(on(lambda d, event: d.tracker.sync_event(event)))
+    _gpu_trace.register_callback_for_device_synchronization(on(lambda d: d.tracker.sync_device()))
 
 
 def _calibrate_sleep(cycles: int = 20_000_000, repeats: int = 3) -> float:

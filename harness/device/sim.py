@@ -45,7 +45,7 @@ class Decision:
 class SimDevice(Device):
     kind = "cpu"
 
-    def __init__(self, schedule: str = "adversarial") -> None:
+    def __init__(self, schedule: str = "adversarial", *, observe: bool = False) -> None:
         if torch.get_num_threads() > 1:  # the simulator's ops are small: threads only contend
             torch.set_num_threads(1)
         self.policy, self._rng, self._forced = _parse_policy(schedule)
@@ -54,7 +54,7 @@ class SimDevice(Device):
         self._records: dict[int, _Op] = {}
         self.decisions: list[Decision] = []
         self._trace: list[str] = []
-        super().__init__()
+        super().__init__(observe)
 
     @property
     def torch_device(self) -> torch.device:

@@ -296,7 +296,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
 
         rows_read = frozenset(fb.req_pool_indices_cpu[fb.row_req[t]] for t in rows)
         self.device.launch(label, step, reads={"req_to_token": rows_read, "full_to_swa": None,
-                                               "meta.positions_casual": None},
+                                               "fb.req_pool_indices": None, "meta.positions_casual": None},
                            writes={"meta.swa_page_indices": None})
 
     def _store_swa(self, fb: ForwardBatch, layer: int) -> None:

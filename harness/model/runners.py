@@ -145,7 +145,10 @@ class PrefillGraphRunner:
     def _capture(self, bucket: int, padded: ForwardBatch) -> None:
         mr = self.model_runner
         backend = mr.attn_backend
-        static = backend.metadata_cls(backend.build_core_metadata(padded))
+        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
+        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
+        own = replace(padded, out_cache_loc=padded.out_cache_loc.clone())
+        static = backend.metadata_cls(backend.build_core_metadata(own))
         self.static_metadata[bucket] = static
         self.static_inputs[bucket] = static_fb = replace(
             padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
@@ -166,8 +169,8 @@ class PrefillGraphRunner:
         fresh = backend.metadata_cls(backend.build_core_metadata(padded))
         op = "metadata.copy_" if self.contract == "fresh" else "metadata.refresh_"
 
-        def launch(fn):
-            mr.device.launch(op, fn, reads={"meta.fresh": None}, writes={"meta.static": None})
+        def launch(fn):  # raw_out_loc is copied from the batch's own out_cache_loc
+            mr.device.launch(op, fn, reads={"meta.fresh": None, "fb.out_cache_loc": None}, writes={"meta.static": None})
 
         if self.contract == "fresh":
             static.copy_(fresh, launch)

@@ -1,0 +1,627 @@
+"""The observer: what the system under test really reads and writes, fed to the happens-before tracker.
+
+The tracker judges accesses. Declared ones (``device.launch(op, fn, reads=..., writes=...)``) are the
+harness's picture of what the code touches; a read nobody declared would be invisible to it. The
+observer watches the code instead, the way PyTorch's CUDA sanitizer does (``torch/cuda/_sanitizer.py``):
+
+- every aten op passes through a ``TorchDispatchMode``; the op's schema says which arguments it
+  writes (``alias_info.is_write``: in-place ``self``, ``out=``), which it only views (metadata) and
+  which it reads; a tensor argument is mapped to a named buffer by its data pointer range, as CSAN
+  keys its state by data pointer;
+- a Triton kernel bypasses the dispatcher, so its launcher is wrapped (Triton's own
+  ``launch_enter_hook`` is not called by the interpreter that runs kernels on the CPU): every tensor
+  argument is an access, a write when the kernel's source stores or atomically updates through that
+  pointer, a read when it only loads, both when the source cannot tell;
+- the access is attributed to the operation the device is running (the launch's stream and place in
+  the program) or, for an op the host runs outside any launch, to the device's current stream (the
+  real current CUDA stream on a GPU), and carries the Python frame that issued it.
+
+Regions: an op that indexes a registered table through an index tensor the host can read
+(``index``/``index_put_``/``index_select``/``index_fill_``/``index_copy_``/``index_add_`` along dim 0,
+index on the CPU) touches those rows; any other op touches the rows its tensor's span covers (a view
+of rows gives those rows; anything reaching across rows, or an index on the GPU, which could only be
+read with a host sync, gives the span). A buffer's rows are its dim-0 entries: rows of
+``req_to_token``, slots of Full-to-SWA, the mapping and the KV pools, as the declarations name them.
+Where the rows cannot be seen (an index on the GPU or a mask, a Triton pointer the kernel offsets
+itself) only the buffer is known: the launch must declare that buffer, and its declared rows are
+what the tracker judges; undeclared, the whole buffer is.
+
+Declared accesses remain (the harness stands in for parts of the system), but they are checked: an
+observed access to a shared buffer that the running launch did not declare, or declared narrower,
+is an `UndeclaredAccess`, a finding of its own, so a wrong declaration can never hide a race.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import inspect
+import os
+import re
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.errors import InvalidArgument
+from harness.hb import HappensBefore, LaunchRecord, Region, covers, describe_region, union
+
+aten = torch.ops.aten
+
+# CSAN's rule: a factory op (`empty_like`, `new_zeros`) reads only the metadata of its tensor argument.
+_FACTORY = re.compile("(new_.*|.*_like)")
+# Ops whose dim-0 index argument names the rows of `self` they touch: (position of dim, of index).
+_INDEXED_ALONG = {"index_select": (1, 2), "index_fill_": (1, 2), "index_copy_": (1, 2), "index_add_": (1, 2),
+                  "index_fill": (1, 2), "index_copy": (1, 2), "index_add": (1, 2)}
+_INDEXED_BY_LIST = ("index", "index_put_", "index_put", "_index_put_impl_")
+_SMALL_INDEX = 64  # up to this many entries the rows are read directly, beyond it through torch.unique
+# The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
+BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
+_TABLES = ("req_to_token", "full_to_swa", "full_to_hisparse")
+
+
+@dataclass(frozen=True)
+class UndeclaredAccess:
+    """An access a launched operation made to a shared buffer outside what it declared."""
+
+    op: str
+    stream: int
+    seq: int
+    buffer: str
+    region: Region
+    is_write: bool
+    declared: Region  # what the op declared for this buffer and kind; absent: not declared at all
+    declared_at_all: bool
+    frame: Optional[str]
+
+    def __str__(self) -> str:
+        kind = "write" if self.is_write else "read"
+        said = (f"it declared only {describe_region(self.declared)}" if self.declared_at_all
+                else f"it declared no {kind} of {self.buffer!r}")
+        at = f" at {self.frame}" if self.frame else ""
+        return (f"undeclared {kind} of {self.buffer!r} ({describe_region(self.region)}) by {self.op!r} "
+                f"on stream {self.stream} (seq {self.seq}){at}: {said}; the tracker judged the observed access")
+
+
+class _Seen(NamedTuple):
+    """One access an op was seen to make. `exact`: the region is what the op touches; otherwise only
+    the buffer is known (a kernel's pointer, an index the host cannot read) and the region is the
+    span, which the launch's declaration may narrow."""
+
+    buffer: str
+    region: Region
+    is_write: bool
+    shared: bool
+    exact: bool
+
+
+@dataclass(frozen=True)
+class _Registered:
+    name: str
+    storage: int  # the data pointer of the allocation it lives in
+    start: int
+    end: int
+    row_bytes: int
+    rows: int
+    shared: bool
+    tensor: torch.Tensor = field(compare=False, repr=False)  # kept alive: its memory is never reused under the name
+
+
+class Observer:
+    """Records which registered buffer every op reads and writes, and feeds `tracker`.
+
+    `stream_id()` names the stream an op outside any launch runs on (the device's current stream).
+    Turn it on around the code under test with `observing()`; attribute the ops of one launched
+    closure with `attributed(record, fn)`.
+    """
+
+    def __init__(self, tracker: HappensBefore, stream_id: Callable[[], int]):
+        self.tracker = tracker
+        self.stream_id = stream_id
+        self.undeclared: list[UndeclaredAccess] = []
+        self._by_name: dict[str, _Registered] = {}
+        self._by_storage: dict[int, list[_Registered]] = {}  # a tensor can reach only its own storage
+        self._record: Optional[LaunchRecord] = None
+        self._capture: Optional[tuple[dict, dict, str, Mapping, Mapping]] = None
+        self._suspended = 0
+
+    # -- buffers ---------------------------------------------------------------------------------
+
+    def register(self, name: str, tensor: torch.Tensor, *, shared: bool = True) -> None:
+        """Name the memory `tensor` spans. Re-registering a name moves it to the new tensor (the next
+        batch's per-batch tensors); two names may not share memory. `shared`: the scheduler writes it,
+        so an access the op did not declare is a finding."""
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgument(f"buffer {name!r}: expected a tensor, got {type(tensor).__name__}")
+        self.forget(name)
+        if tensor.numel() == 0:
+            return
+        start, end = _span(tensor)
+        row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
+        storage = tensor.untyped_storage().data_ptr()
+        entry = _Registered(name, storage, start, end, max(row_bytes, 1), tensor.shape[0], shared, tensor)
+        entries = self._by_storage.setdefault(storage, [])
+        for other in entries:
+            if other.start < end and start < other.end:
+                raise InvalidArgument(f"buffer {name!r} overlaps the registered buffer {other.name!r}: "
+                                      "two names may not share memory")
+        entries.append(entry)
+        self._by_name[name] = entry
+
+    def forget(self, name: str) -> None:
+        entry = self._by_name.pop(name, None)
+        if entry is not None:
+            entries = self._by_storage[entry.storage]
+            entries.remove(entry)
+            if not entries:
+                del self._by_storage[entry.storage]
+
+    def register_session(self, session) -> None:
+        """The protocol's shared state: the three tables and the KV pools (`kv_state()`), a 3-D pool
+        per layer as `name[layer]`, the names the declarations use."""
+        for name in _TABLES:
+            table = getattr(session, name, None)
+            if isinstance(table, torch.Tensor):
+                self.register(name, table)
+        for name, pool in session.kv_state().items():
+            if pool.dim() == 3:
+                for layer in range(pool.shape[0]):
+                    self.register(f"{name}[{layer}]", pool[layer])
+            else:
+                self.register(name, pool)
+
+    def register_batch(self, fb) -> None:
+        """The per-batch tensors of the batch just loaded, as `fb.<field>`."""
+        for name in BATCH_FIELDS:
+            tensor = getattr(fb, name, None)
+            if isinstance(tensor, torch.Tensor):
+                self.register(f"fb.{name}", tensor)
+
+    # -- switching on and attributing ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def observing(self) -> Iterator["Observer"]:
+        """Every aten op and Triton launch in the block is observed."""
+        global _ACTIVE
+        _wrap_triton_launchers()
+        previous, _ACTIVE = _ACTIVE, self
+        try:
+            with _Dispatch(self):
+                yield self
+        finally:
+            _ACTIVE = previous
+
+    def attributed(self, record: LaunchRecord, fn: Callable[[], None]) -> Callable[[], None]:
+        """`fn` as the device runs it: its accesses belong to `record`, which closes when it returns."""
+
+        def run() -> None:
+            with self.attributing(record):
+                fn()
+
+        return run
+
+    @contextlib.contextmanager
+    def attributing(self, record: LaunchRecord) -> Iterator[None]:
+        """The block's accesses belong to `record` (a launched closure, or host work issued as one
+        operation); the record closes when the block ends."""
+        previous, self._record = self._record, record
+        try:
+            yield
+        finally:
+            self._record = previous
+            self.tracker.close_launch(record)
+
+    def collecting(self, op: str, reads: Mapping, writes: Mapping, fn: Callable[[], None],
+                   into: tuple[dict, dict]) -> Callable[[], None]:
+        """`fn` as a graph capture runs it: what it touches is added to the node's reads and writes
+        (`into`), so every replay of the graph carries it; nothing is fed to the tracker now."""
+
+        def run() -> None:
+            previous, self._capture = self._capture, (into[0], into[1], op, reads, writes)
+            try:
+                fn()
+            finally:
+                self._capture = previous
+
+        return run
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Ops in the block are not observed (a Triton interpreter copying its arguments back)."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    # -- one op ------------------------------------------------------------------------------------
+
+    def _on_op(self, func, args, kwargs) -> None:
+        if self._suspended or not self._by_storage:
+            return
+        plan = _PLANS.get(id(func))  # by id: an op's own hash is computed in Python
+        if plan is None:
+            plan = _PLANS[id(func)] = _plan(func)
+        positional, named, indexed, _ = plan
+        if not positional and not named:
+            return  # no tensor argument it could read or write (a factory)
+        accesses: list[_Seen] = []
+        count = len(args)
+        for position, is_write in positional:
+            if position < count:
+                value = args[position]
+                rows = functools.partial(_indexed_rows, indexed, args) if position == 0 and indexed else None
+                if isinstance(value, torch.Tensor):
+                    self._match(value, is_write, rows, accesses)
+                elif isinstance(value, (list, tuple)):
+                    for tensor in value:
+                        if isinstance(tensor, torch.Tensor):
+                            self._match(tensor, is_write, rows, accesses)
+        if kwargs:
+            for name, value in kwargs.items():
+                is_write = named.get(name)
+                if is_write is not None:
+                    for tensor in _tensors(value):
+                        self._match(tensor, is_write, None, accesses)
+        if accesses:
+            self._feed(str(func), accesses)
+
+    def _on_triton(self, kernel, args, kwargs) -> None:
+        if self._suspended or not self._by_storage:
+            return
+        kinds = kernel_access_kinds(kernel.fn)
+        accesses: list[_Seen] = []
+        bound = list(zip(kernel.arg_names, args)) + list(kwargs.items())
+        for name, value in bound:
+            if isinstance(value, torch.Tensor):
+                loads, stores = kinds.get(name, (True, True))
+                if stores:  # through pointers it computes itself: which rows, only the kernel knows
+                    self._match(value, True, None, accesses, exact=False)
+                if loads:
+                    self._match(value, False, None, accesses, exact=False)
+        if accesses:
+            self._feed(f"triton:{getattr(kernel.fn, '__name__', 'kernel')}", accesses)
+
+    def _match(self, tensor: torch.Tensor, is_write: bool, rows: Optional[Callable[[], Optional[list[int]]]],
+               into: list[_Seen], exact: bool = True) -> None:
+        """`rows`, for an indexing op's `self`, reads the rows its index names (only once it matters)."""
+        entries = self._by_storage.get(tensor.untyped_storage().data_ptr())
+        if entries is None or tensor.numel() == 0:
+            return
+        start, end = _span(tensor)
+        for entry in entries:
+            if entry.start < end and start < entry.end:
+                indexed = rows() if rows else None
+                if indexed is _UNREADABLE:
+                    indexed, seen_exactly = None, False
+                else:
+                    seen_exactly = exact
+                into.append(_Seen(entry.name, _region(entry, tensor, start, end, indexed), is_write, entry.shared,
+                                  seen_exactly))
+
+    def _feed(self, label: str, accesses: list[_Seen]) -> None:
+        if self._capture is not None:
+            node_reads, node_writes, op, reads, writes = self._capture
+            frame = issuing_frame()
+            for seen in accesses:
+                region, declared = _against(seen, reads, writes)
+                into = node_writes if seen.is_write else node_reads
+                into[seen.buffer] = region if seen.buffer not in into else union(into[seen.buffer], region)
+                if seen.shared and not declared:
+                    self.undeclared.append(_undeclared(op, self.stream_id(), 0, seen, reads, writes, frame))
+            return
+        record = self._record
+        host = record is None
+        if host:
+            record = self.tracker.open_launch(self.stream_id(), f"host {label}")
+            judged = [(seen, seen.region, True) for seen in accesses]  # the host declares nothing to check
+        else:
+            judged = [(seen, *_against(seen, record.reads, record.writes)) for seen in accesses]
+            # what this launch already showed adds nothing: no frame to find, nothing to judge
+            judged = [j for j in judged
+                      if not covers(record.observed.get((j[0].buffer, j[0].is_write), frozenset()), j[1])]
+            if not judged:
+                return
+        frame = issuing_frame()
+        try:
+            for seen, region, declared in judged:
+                self.tracker.observe(record, seen.buffer, region, seen.is_write, frame)
+                if seen.shared and not declared:
+                    self.undeclared.append(_undeclared(record.op, record.stream, record.seq, seen, record.reads,
+                                                       record.writes, frame))
+        finally:
+            if host:
+                self.tracker.close_launch(record)
+
+
+def _declared(buffer: str, is_write: bool, reads: Mapping, writes: Mapping) -> tuple[bool, Region]:
+    """Whether the op declared this kind of access to `buffer` (a write declaration covers reads too),
+    and the region it declared."""
+    present = [d[buffer] for d in ((writes,) if is_write else (reads, writes)) if buffer in d]
+    widest: Region = frozenset()
+    for region in present:
+        widest = union(widest, region)
+    return bool(present), widest
+
+
+def _against(seen: _Seen, reads: Mapping, writes: Mapping) -> tuple[Region, bool]:
+    """The region to judge an observed access by, and whether its op declared it. An exact access is
+    judged as seen and must lie inside the declaration; an inexact one (only its buffer is known) is
+    narrowed to the declared region when the op declared that buffer at all."""
+    present, declared = _declared(seen.buffer, seen.is_write, reads, writes)
+    if seen.exact:
+        return seen.region, present and covers(declared, seen.region)
+    if not present:
+        return seen.region, False
+    if declared is None:
+        return seen.region, True
+    return (declared if seen.region is None else declared & seen.region), True
+
+
+def _undeclared(op, stream, seq, seen: _Seen, reads, writes, frame) -> "UndeclaredAccess":
+    present, declared = _declared(seen.buffer, seen.is_write, reads, writes)
+    return UndeclaredAccess(op, stream, seq, seen.buffer, seen.region, seen.is_write, declared, present, frame)
+
+
+class _Dispatch(TorchDispatchMode):
+    """CSAN's dispatch mode, reporting to an `Observer` instead of keeping its own state."""
+
+    def __init__(self, observer: Observer):
+        super().__init__()
+        self.observer = observer
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No Dynamo guard around `__torch_dispatch__`: the harness never compiles, and the guard's
+        wrapper costs a few microseconds on every op, which on the simulator's small ops is most of them."""
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not aten.record_stream.default:  # not a kernel, as CSAN skips it
+            self.observer._on_op(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+# -- tensors, spans and regions --------------------------------------------------------------------------
+
+_PLANS: dict[int, tuple] = {}
+
+
+def _plan(func):
+    """What an op touches, from its schema (CSAN's rules), worked out once per op: the positions and
+    keyword names of the tensor arguments it reads or writes (a view's or a factory's input is
+    metadata only), and the indexing rule of its `self` if it has one."""
+    schema = func._schema
+    factory = bool(_FACTORY.match(schema.name))
+    positional: list[tuple[int, bool]] = []
+    named: dict[str, bool] = {}
+    for position, argument in enumerate(schema.arguments):
+        alias = argument.alias_info
+        is_write = alias is not None and alias.is_write
+        if not is_write and (factory or alias is not None):
+            continue
+        if "Tensor" not in str(argument.type):
+            continue  # a scalar, a size, a dtype
+        if argument.kwarg_only:
+            named[argument.name] = is_write
+        else:
+            positional.append((position, is_write))
+            named[argument.name] = is_write  # a positional argument may be passed by keyword too
+    name = schema.name.split("::")[-1]
+    indexed = name if name in _INDEXED_ALONG or name in _INDEXED_BY_LIST else None
+    return tuple(positional), named, indexed, func  # the op itself kept, so its id is never reused
+
+
+def _tensors(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                yield item
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes a strided tensor can touch, [first, last + 1) (torch strides are never negative)."""
+    size = tensor.element_size()
+    start = tensor.data_ptr()
+    last = sum((extent - 1) * stride for extent, stride in zip(tensor.shape, tensor.stride()) if extent > 1)
+    return start, start + (last + 1) * size
+
+
+def _region(entry: _Registered, tensor: torch.Tensor, start: int, end: int, rows: Optional[list[int]]) -> Region:
+    """Rows of `entry` that `tensor` touches: the indexed rows where known, else its span's rows."""
+    first = max(start, entry.start) - entry.start
+    last = min(end, entry.end) - 1 - entry.start
+    if rows is not None and tensor.dim() > 0:
+        stride = tensor.stride(0) * tensor.element_size()
+        offset = tensor.data_ptr() - entry.start
+        if stride % entry.row_bytes == 0 and offset % entry.row_bytes == 0 and 0 <= offset < entry.end - entry.start:
+            base, step = offset // entry.row_bytes, stride // entry.row_bytes
+            extent = tensor.shape[0]
+            return frozenset(base + step * (r % extent if r < 0 else r) for r in rows)
+    low, high = first // entry.row_bytes, last // entry.row_bytes + 1
+    if low == 0 and high >= entry.rows:
+        return None
+    return frozenset(range(low, high))
+
+
+def _indexed_rows(name: str, args):
+    """The dim-0 rows an indexing op touches in its `self` (see `_host_values`)."""
+    if name in _INDEXED_ALONG:
+        dim_at, index_at = _INDEXED_ALONG[name]
+        if len(args) <= index_at or args[dim_at] != 0:
+            return None
+        return _host_values(args[index_at])
+    if name in _INDEXED_BY_LIST and len(args) > 1 and args[1] and isinstance(args[1], (list, tuple)):
+        return _host_values(args[1][0])
+    return None
+
+
+_UNREADABLE = object()  # an index whose rows the host cannot read: the rows are unknown, not none
+
+
+def _host_values(index):
+    """The rows an index tensor names; `_UNREADABLE` for one on the GPU (reading it would need a host
+    sync, which closes the race window) or a mask; None where the op indexes no rows of dim 0."""
+    if not isinstance(index, torch.Tensor):
+        return None
+    if index.device.type != "cpu" or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
+                                                         torch.uint8):
+        return _UNREADABLE
+    if index.numel() > _SMALL_INDEX:
+        index = torch.unique(index)
+    return index.flatten().tolist()
+
+
+# -- the frame that issued an access ------------------------------------------------------------------------
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
+_INTERNAL_PREFIXES = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.join(_HERE, "observe.py"), os.path.join(_HERE, "device") + os.sep, os.path.join(_HERE, "hb.py"),
+    os.path.join(_HERE, "engine.py"), os.path.join(_HERE, "kernels") + os.sep,
+    os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py",
+    os.path.dirname(functools.__file__) + os.sep + "functools.py",
+)
+_kinds: dict[str, str] = {}
+
+
+def _kind_of(filename: str) -> str:
+    kind = _kinds.get(filename)
+    if kind is None:
+        path = os.path.abspath(filename)
+        if path.startswith(_INTERNAL_PREFIXES) or f"{os.sep}triton{os.sep}" in path:
+            kind = "internal"
+        elif f"{os.sep}sglang{os.sep}" in path and f"{os.sep}harness{os.sep}" not in path:
+            kind = "sglang"
+        else:
+            kind = "code"
+        _kinds[filename] = kind
+    return kind
+
+
+def issuing_frame() -> Optional[str]:
+    """`file:line in function` of the code that issued the current op: SGLang's own frame when SGLang
+    is on the stack, else the innermost frame outside torch, Triton and the harness's machinery."""
+    frame = sys._getframe(1)
+    whole_stack = "sglang" in sys.modules  # only then can an SGLang frame be further out
+    first = None
+    while frame is not None:
+        kind = _kind_of(frame.f_code.co_filename)
+        if kind == "sglang":
+            return _describe_frame(frame)
+        if kind == "code" and first is None:
+            first = frame
+            if not whole_stack:
+                break
+        frame = frame.f_back
+    return _describe_frame(first) if first is not None else None
+
+
+def _describe_frame(frame) -> str:
+    return f"{_short_path(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+@functools.cache
+def _short_path(filename: str) -> str:
+    """A file as a reader finds it: inside its installed package, or inside this repository."""
+    path = os.path.abspath(filename)
+    if "site-packages" + os.sep in path:
+        return path.split("site-packages" + os.sep, 1)[1]
+    if path.startswith(_REPO + os.sep):
+        return os.path.relpath(path, _REPO)
+    return path
+
+
+# -- Triton kernels -------------------------------------------------------------------------------------------
+
+_ACTIVE: Optional[Observer] = None
+_WRAPPED = False
+
+
+@functools.cache
+def kernel_access_kinds(fn) -> dict[str, tuple[bool, bool]]:
+    """For each parameter of a Triton kernel: (loads through it, stores through it), from its source.
+
+    A pointer reaches `tl.load`/`tl.store`/`tl.atomic_*` through local arithmetic (`q_ptr + offs`), so
+    each local name carries the parameters it was computed from. A parameter the source never loads
+    or stores through (passed on to a helper, say) is reported as both: unknown is read and write.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    definition = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if definition is None:
+        return {}
+    params = [a.arg for a in definition.args.args + definition.args.kwonlyargs]
+    origins: dict[str, set[str]] = {p: {p} for p in params}
+
+    def reached(node) -> set[str]:
+        found: set[str] = set()
+        for name in ast.walk(node):
+            if isinstance(name, ast.Name):
+                found |= origins.get(name.id, set())
+        return found
+
+    changed = True
+    while changed:  # to a fixpoint: loops carry pointers from one iteration to the next
+        changed = False
+        for node in ast.walk(definition):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                sources = reached(node.value)
+                for target in targets:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            before = origins.setdefault(name.id, set())
+                            if not sources <= before:
+                                before |= sources
+                                changed = True
+    loads: set[str] = set()
+    stores: set[str] = set()
+    for node in ast.walk(definition):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            op = node.func.attr
+            pointer = node.args[0]
+            if op == "load":
+                loads |= reached(pointer)
+            elif op == "store" or op.startswith("atomic_"):
+                stores |= reached(pointer)
+                if op.startswith("atomic_"):
+                    loads |= reached(pointer)
+    return {p: (p in loads, p in stores) if p in loads or p in stores else (True, True) for p in params}
+
+
+def _wrap_triton_launchers() -> None:
+    """Wrap the compiled and the interpreted launcher once; they report to the active observer only."""
+    global _WRAPPED
+    if _WRAPPED:
+        return
+    _WRAPPED = True
+    try:
+        from triton.runtime import interpreter, jit  # optional: only where Triton is installed
+    except ImportError:
+        return
+    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
+        cls.run = _observed_run(cls.run)
+
+
+def _observed_run(run):
+    @functools.wraps(run)
+    def observed(kernel, *args, grid, warmup=False, **kwargs):
+        observer = _ACTIVE
+        if observer is None or warmup:
+            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+        observer._on_triton(kernel, args, kwargs)
+        with observer.suspended():  # the interpreter's own copies of the arguments are not the kernel's accesses
+            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+    return observed
