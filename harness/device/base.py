@@ -133,9 +133,15 @@ class Device:
         it, as CUDA orders a stream's work, and recorded in the tracker with its accesses."""
         if self._capturing is not None:
             raise RuntimeError(f"{op}: host work inside a graph capture is not modelled")
-        self.tracker.launch(self.current_stream.id, op, reads, writes)
+        if self.observer is None:
+            self.tracker.launch(self.current_stream.id, op, reads, writes)
+            self._catch_up(self.current_stream)
+            yield
+            return
+        record = self.tracker.open_launch(self.current_stream.id, op, reads, writes)
         self._catch_up(self.current_stream)
-        yield
+        with self.observer.attributing(record):  # what it touches is checked against what it declared
+            yield
 
     def _catch_up(self, stream: Stream) -> None:
         """Run what `stream` was given so far (the simulator); a real device orders it by itself."""

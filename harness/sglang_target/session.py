@@ -73,7 +73,9 @@ from harness.target import Classes, ReferenceSession
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
 
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
-_SHARED_INPUTS = {"fb.req_pool_indices": None, "fb.seq_lens": None, "fb.positions": None, "fb.out_cache_loc": None}
+# What SGLang's metadata copy_ / refresh read: the fresh metadata, and through its raw_out_loc (a reference
+# to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
+_METADATA_SOURCES = {"meta.fresh": None, "fb.out_cache_loc": None}
 
 
 @dataclass
@@ -417,7 +419,7 @@ class SglangModelRunner:
         if static is None:
             backend.forward_metadata = fresh
             return
-        with self.harness_device.host_work("DSV4Metadata.copy_", reads={"meta.fresh": None},
+        with self.harness_device.host_work("DSV4Metadata.copy_", reads=_METADATA_SOURCES,
                                            writes={"meta.static": None}):
             static.copy_(fresh)
         self._note_reuse(static)
@@ -428,7 +430,7 @@ class SglangModelRunner:
         refresh; `swa_out_cache_loc` is recomputed in-graph by SGLang (a launched copy here)."""
         fresh = self._fresh_metadata(self.replay_batch)
         dev = self.harness_device
-        with dev.host_work("DSV4Metadata.refresh_for_breakable_cuda_graph_replay_", reads={"meta.fresh": None},
+        with dev.host_work("DSV4Metadata.refresh_for_breakable_cuda_graph_replay_", reads=_METADATA_SOURCES,
                            writes={"meta.static": None}):
             capture_metadata.refresh_for_breakable_cuda_graph_replay_(fresh)
         dst, src = capture_metadata.core_attn_metadata.swa_out_cache_loc, fresh.core_attn_metadata.swa_out_cache_loc
@@ -635,7 +637,9 @@ class SglangPrefillGraphRunner:
 
     def _capture(self, bucket: int, padded: ForwardBatch) -> None:
         mr = self.mr
-        static = mr._fresh_metadata(padded)
+        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
+        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
+        static = mr._fresh_metadata(dataclasses.replace(padded, out_cache_loc=padded.out_cache_loc.clone()))
         self.static_metadata[bucket] = static
         self.static_inputs[bucket] = static_fb = dataclasses.replace(
             padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
