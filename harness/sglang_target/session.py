@@ -358,11 +358,11 @@ class SglangModelRunner:
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
         `load_batch`: the static buffers), so the harness's metadata gathers read what SGLang would."""
-        fb = self.replay_batch if self.replay_batch is not None else self.live_batch
         if self.replay_batch is not None:  # a replay's metadata covers the padded rows
-            return fb
-        return dataclasses.replace(fb, req_pool_indices=forward_batch.req_pool_indices, seq_lens=forward_batch.seq_lens,
-                                   positions=forward_batch.positions, out_cache_loc=forward_batch.out_cache_loc)
+            return self.replay_batch
+        return dataclasses.replace(self.live_batch, req_pool_indices=forward_batch.req_pool_indices,
+                                   seq_lens=forward_batch.seq_lens, positions=forward_batch.positions,
+                                   out_cache_loc=forward_batch.out_cache_loc)
 
     # -- forward ---------------------------------------------------------------------------------
 
