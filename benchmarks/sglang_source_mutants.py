@@ -178,6 +178,14 @@ MUTANTS = (
                  "the breakable-graph refresh re-binds c4_out_loc instead of copying into the captured tensor",
                  also=(('        reference_assign_fields = [\n            "page_table",\n',
                         '        reference_assign_fields = [\n            "c4_out_loc",\n            "page_table",\n'),)),
+    SourceMutant("late_live_mapping_check", BACKEND,
+                 "        if cached is not None and cached.shape[0] == out_cache_loc.shape[0]:\n            return cached\n",
+                 "        if cached is not None and cached.shape[0] == out_cache_loc.shape[0]:\n"
+                 "            # Sanity check: the snapshot's slots are still mapped.\n"
+                 "            assert bool((self.token_to_kv_pool.full_to_swa_index_mapping[out_cache_loc] >= -1).all())\n"
+                 "            return cached\n",
+                 "a per-layer sanity check reads the live Full-to-SWA mapping after read-done (it changes no value: "
+                 "only the observed tracker can see it)"),
     SourceMutant("replay_snapshot_at_live_count", GRAPH_RUNNER,
                  "            num_qo_tokens=shape_key.size,\n            build_snapshot=build_snapshot,\n",
                  "            num_qo_tokens=len(forward_batch.input_ids),\n            build_snapshot=build_snapshot,\n",
