@@ -26,12 +26,14 @@ from unittest import SkipTest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
 from harness.example_db import database_scope, open_database
 from harness.isolation import IsolatedRunner
 from harness.sharding import WHOLE, Shard
-from harness.strategies import cases, schedules, seed_cases
+from harness.shrink import shrink_failure
+from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
 
 PROFILES = {
     "dev": dict(max_examples=50, derandomize=False),
@@ -77,6 +79,10 @@ class CampaignResult:
     shard: Shard = WHOLE
     interrupted: Optional[str] = None  # the signal that stopped the campaign early
     replayed_from_db: int = 0  # cases of the database pass
+    found_on_seed: bool = False  # the first failure came from a seed case (hypothesis cannot shrink those)
+    shrunk: bool = False  # the reported case is the shrinker's result, not the case as drawn
+    shrink_seconds: Optional[float] = None
+    coverage: Coverage = dataclasses.field(default_factory=Coverage)
 
     @property
     def findings(self) -> list[Finding]:
@@ -100,6 +106,10 @@ class CampaignResult:
             "shard": self.shard.to_dict(),
             "interrupted": self.interrupted,
             "replayed_from_db": self.replayed_from_db,
+            "found_on_seed": self.found_on_seed,
+            "shrunk": self.shrunk,
+            "shrink_seconds": None if self.shrink_seconds is None else round(self.shrink_seconds, 3),
+            "coverage": self.coverage.to_dict(),
         }
 
 
@@ -172,10 +182,12 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                     result.replayed_from_db += 1
                 result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
                                                      position))
+                result.coverage.add(case)
                 on_case(result)
                 if judged.findings:
                     result.first_detection_examples = result.cases
                     result.first_detection_seconds = time.perf_counter() - start
+                    result.found_on_seed = partitioned and case in chosen_seeds
         if judged.findings:
             failing[key] = judged
             raise FindingRaised(judged)
@@ -183,7 +195,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     def hypothesis_test(phases, *, partitioned: bool):
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if shrink else []), print_blob=False,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-        @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
+        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]), schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
             campaign_case(case, schedule, partitioned=partitioned)
 
@@ -205,6 +217,14 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                 continue
     except FindingRaised as raised:
         result.minimal = raised.result
+        if shrink and result.found_on_seed and not result.interrupted:
+            shrunk = shrink_failure(lambda c: judge(c, device, schedule="adversarial", target_spec=target_spec,
+                                                    mutant=mutant, oracles=oracles),
+                                    raised.result, budget_s=shrink_seconds)
+            result.minimal = shrunk.result
+        if shrink and not result.interrupted:
+            result.shrunk = True
+            result.shrink_seconds = time.perf_counter() - start - result.first_detection_seconds
     except CampaignInterrupted:
         pass
     finally:

@@ -76,6 +76,8 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default="harness-report", help="the report folder")
     run.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    run.add_argument("--no-seeds", action="store_true",
+                     help="draw every case: skip the hand-written seed cases of the protocol's shapes")
     run.add_argument("--isolate", default="auto",
                      help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
                           "finding: SECONDS | off | auto (120 on cuda, off on cpu)")
@@ -140,6 +142,8 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     mutants.add_argument("--shard", default="1/1", help="K/N: part K of N of the mutants (the clean reference runs "
                                                         "in part 1)")
     mutants.add_argument("--list", action="store_true", help="print the mutants, one a line, and exit")
+    mutants.add_argument("--no-seeds", action="store_true",
+                         help="draw every case of each campaign: skip the hand-written seed cases")
     sanitize_cli.add_parser(sub)
     report_cli.add_parser(sub)
     merge.add_parser(sub)
@@ -234,7 +238,11 @@ def cmd_run(args) -> int:
         print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
     if summary["findings"]:
         first = summary["findings"][0]
-        print(f"  minimal case: {first['case_summary']}")
+        if summary.get("shrunk"):
+            print(f"  minimal case: {first['case_summary']} (shrunk in {summary['shrink_seconds']:.2f}s"
+                  f"{', from a seed case' if summary.get('found_on_seed') else ''})")
+        else:
+            print(f"  case (not shrunk): {first['case_summary']}")
         if summary["first_detection"]:
             print(f"  found after {summary['first_detection']['examples']} example(s), "
                   f"{summary['first_detection']['seconds']:.2f}s")
@@ -259,6 +267,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               examples=args.examples, seed=args.seed, profile=args.profile,
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
                               shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
+                              seeds=not args.no_seeds,
                               shard=shard, shared_databases=shared, should_stop=stop)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
@@ -285,7 +294,8 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
             if value is not None:
                 run_args += [flag, str(value)]
         run_args += [arg for db in databases for arg in ("--example-db", db)]
-        run_args += (["--no-shrink"] if args.no_shrink else []) + (["-q"] if args.quiet else []) + (
+        run_args += (["--no-shrink"] if args.no_shrink else []) + (["--no-seeds"] if args.no_seeds else [])
+        run_args += (["-q"] if args.quiet else []) + (
             ["-v"] if args.verbose else [])
         processes = WorkerProcesses(workers, run_args)
         stop.forward_to(processes.signal)
@@ -362,7 +372,7 @@ def cmd_replay(args) -> int:
 
 def cmd_explore(args) -> int:
     from harness.device import resolve_device
-    from harness.engine import explore
+    from harness.engine import explore, parse_oracles
     from harness.target import load_target
 
     if resolve_device(args.device) != "cpu":
@@ -371,9 +381,11 @@ def cmd_explore(args) -> int:
         raise InvalidArgument(f"--bound={args.bound}: must be >= 1")
     case = _load_case(args.case)
     target = load_target(args.target, mutant=args.mutant)
-    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant)
+    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,
+                      oracles=parse_oracles(args.oracles))
+    per_oracle = ", ".join(f"{name} {count}" for name, count in sorted(outcome.by_oracle.items()))
     print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "
-          f"{len(outcome.failing)} with findings")
+          f"{len(outcome.failing)} with findings{' (' + per_oracle + ')' if per_oracle else ''}")
     for schedule, finding in outcome.failing[:10]:
         print(f"  forced:{schedule}  [{finding.oracle}/{finding.kind}] {finding.message}")
     return EXIT_FOUND if outcome.failing else EXIT_OK
@@ -392,7 +404,7 @@ def cmd_mutants(args) -> int:
     report_dir = Path(args.report_dir)
     refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)
     return run_kill_table(device=args.device, examples=args.examples, semantics=semantics, report_dir=report_dir,
-                          only=args.only, shard=shard)
+                          only=args.only, shard=shard, seeds=not args.no_seeds)
 
 
 def cmd_triage(args) -> int:
