@@ -57,6 +57,11 @@ class FindingRaised(AssertionError):
         self.result = result
 
 
+class EnoughFailures(BaseException):
+    """Raised inside the hypothesis test once --keep-going's distinct failures are collected: not an
+    `Exception`, so hypothesis stops drawing instead of shrinking it."""
+
+
 class CampaignInterrupted(BaseException):
     """Raised inside the hypothesis test when a stop was requested: not an `Exception`, so that
     hypothesis does not take it for a failure to shrink, but stops and lets it through."""
@@ -83,13 +88,14 @@ class CampaignResult:
     shrunk: bool = False  # the reported case is the shrinker's result, not the case as drawn
     shrink_seconds: Optional[float] = None
     coverage: Coverage = dataclasses.field(default_factory=Coverage)
+    failures: list[CaseResult] = dataclasses.field(default_factory=list)  # --keep-going: each distinct one, shrunk
 
     @property
     def findings(self) -> list[Finding]:
         return self.minimal.findings if self.minimal else []
 
     def summary(self) -> dict:
-        case = self.minimal.case if self.minimal else None
+        failures = self.failures or ([self.minimal] if self.minimal else [])
         return {
             "target": self.target, "device": self.device, "semantics": self.semantics, "seed": self.seed,
             "profile": self.profile, "cases": self.cases, "duration_s": round(self.duration_s, 3),
@@ -97,9 +103,9 @@ class CampaignResult:
             "first_detection": None if self.first_detection_examples is None else {
                 "examples": self.first_detection_examples, "seconds": round(self.first_detection_seconds, 3)},
             "findings": [
-                {**dataclasses.asdict(f), "case": json.loads(case.to_json()), "case_summary": case.summary(),
-                 "replay": self.minimal.replay}
-                for f in self.findings
+                {**dataclasses.asdict(f), "case": json.loads(failure.case.to_json()),
+                 "case_summary": failure.case.summary(), "replay": failure.replay}
+                for failure in failures for f in failure.findings
             ],
             "cases_log": self.cases_log,
             "stand_ins": self.stand_ins,
@@ -120,7 +126,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
                  seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None,
                  shard: Shard = WHOLE, shared_databases: Sequence[str] = (),
-                 should_stop: Callable[[], Optional[str]] = lambda: None) -> CampaignResult:
+                 should_stop: Callable[[], Optional[str]] = lambda: None, keep_going: int = 1) -> CampaignResult:
     """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
     `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
@@ -128,11 +134,15 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     `shard`: judge only this part of the case stream (the database pass is replayed whole).
     `shared_databases`: --example-db specs combined with `database_dir` (`harness.example_db`).
     `should_stop`: polled before each case; a reason (a signal's name) ends the campaign early with
-    what it has, marked `interrupted`."""
+    what it has, marked `interrupted`.
+    `keep_going`: collect up to this many distinct failures (`failure_signature`) before stopping,
+    each shrunk afterwards by `harness.shrink` (1: stop at the first, shrunk by hypothesis)."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
         raise InvalidArgument(f"--examples={examples}: must be >= 1")
+    if keep_going < 1:
+        raise InvalidArgument(f"--keep-going={keep_going}: must be >= 1 (the number of distinct failures to collect)")
     base = dict(PROFILES[profile])
     if examples is not None:
         base["max_examples"] = examples
@@ -156,13 +166,14 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
     judge = runner.run_case if runner else functools.partial(run_case, target)
     stream_position = 0  # calls of the partitioned pass before the first detection
+    collected: dict[tuple, tuple[CaseResult, str]] = {}  # --keep-going: signature -> (failure, its schedule)
 
     def campaign_case(case, schedule, *, partitioned: bool):
         nonlocal stream_position
         key = (case.to_json(), schedule)
         judged = failing.get(key)  # hypothesis replays its minimal example at the end
         if judged is None:
-            detected = result.first_detection_seconds is not None
+            detected = result.first_detection_seconds is not None and keep_going == 1
             reason = should_stop()
             if reason:
                 result.interrupted = reason
@@ -184,16 +195,22 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                                                      position))
                 result.coverage.add(case)
                 on_case(result)
-                if judged.findings:
+                if judged.findings and result.first_detection_seconds is None:
                     result.first_detection_examples = result.cases
                     result.first_detection_seconds = time.perf_counter() - start
                     result.found_on_seed = partitioned and case in chosen_seeds
+                if judged.findings and keep_going > 1:
+                    collected.setdefault(failure_signature(judged), (judged, schedule))
+                    if len(collected) >= keep_going:
+                        raise EnoughFailures()
+                    return  # keep drawing: the next distinct failure may be elsewhere
         if judged.findings:
             failing[key] = judged
             raise FindingRaised(judged)
 
     def hypothesis_test(phases, *, partitioned: bool):
-        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if shrink else []), print_blob=False,
+        hypothesis_shrinks = shrink and keep_going == 1
+        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []), print_blob=False,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
         @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]), schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
@@ -225,13 +242,39 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         if shrink and not result.interrupted:
             result.shrunk = True
             result.shrink_seconds = time.perf_counter() - start - result.first_detection_seconds
-    except CampaignInterrupted:
+    except (CampaignInterrupted, EnoughFailures):
         pass
+    try:
+        if collected:
+            _shrink_collected(result, collected, judge, device=device, target_spec=target_spec, mutant=mutant,
+                              oracles=oracles, shrink=shrink and not result.interrupted, budget_s=shrink_seconds)
     finally:
         if runner:
             runner.close()
     result.duration_s = time.perf_counter() - start
     return result
+
+
+def failure_signature(judged: CaseResult) -> tuple:
+    """Failures are distinct by oracle, kind and location (the buffer or tensor, else the batch)."""
+    first = judged.findings[0]
+    return first.oracle, first.kind, first.details.get("buffer") or first.details.get("tensor") or first.batch
+
+
+def _shrink_collected(result: CampaignResult, collected: dict, judge, *, device, target_spec, mutant, oracles,
+                      shrink: bool, budget_s: float) -> None:
+    """Each of --keep-going's failures, shrunk under its own schedule policy, `budget_s` each."""
+    began = time.perf_counter()
+    for failure, schedule in collected.values():
+        if shrink:
+            failure = shrink_failure(lambda c, schedule=schedule: judge(c, device, schedule=schedule,
+                                                                        target_spec=target_spec, mutant=mutant,
+                                                                        oracles=oracles),
+                                     failure, budget_s=budget_s).result
+        result.failures.append(failure)
+    result.minimal = result.failures[0]
+    result.shrunk = shrink
+    result.shrink_seconds = time.perf_counter() - began if shrink else None
 
 
 def case_digest(case, schedule: str) -> str:

@@ -76,6 +76,9 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default="harness-report", help="the report folder")
     run.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    run.add_argument("--keep-going", type=int, default=1, metavar="N",
+                     help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
+                          "stopping")
     run.add_argument("--no-seeds", action="store_true",
                      help="draw every case: skip the hand-written seed cases of the protocol's shapes")
     run.add_argument("--isolate", default="auto",
@@ -195,6 +198,9 @@ def cmd_run(args) -> int:
         raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
     if args.examples is not None and args.examples < 1:
         raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
+    if args.keep_going < 1:
+        raise InvalidArgument(f"--keep-going={args.keep_going}: must be >= 1 (the number of distinct failures to "
+                              "collect)")
     if not args.progress_every >= 0:
         raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
     shard = Shard.parse(args.shard)
@@ -234,19 +240,22 @@ def cmd_run(args) -> int:
         gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
         print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
               f"{row['cases']} cases, {row['cases_per_second']} cases/s")
+    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
     for finding in summary["findings"]:
-        print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
-    if summary["findings"]:
-        first = summary["findings"][0]
-        if summary.get("shrunk"):
-            print(f"  minimal case: {first['case_summary']} (shrunk in {summary['shrink_seconds']:.2f}s"
-                  f"{', from a seed case' if summary.get('found_on_seed') else ''})")
-        else:
-            print(f"  case (not shrunk): {first['case_summary']}")
+        failures.setdefault(finding["replay"], []).append(finding)
+    for replay, findings in failures.items():
+        for finding in findings:
+            print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
+        label = "minimal case" if summary.get("shrunk") else "case (not shrunk)"
+        print(f"  {label}: {findings[0]['case_summary']}")
+        print(f"  replay: {replay}")
+    if failures:
         if summary["first_detection"]:
             print(f"  found after {summary['first_detection']['examples']} example(s), "
                   f"{summary['first_detection']['seconds']:.2f}s")
-        print(f"  replay: {first['replay']}")
+        if summary.get("shrunk") and summary.get("shrink_seconds") is not None:
+            print(f"  shrunk in {summary['shrink_seconds']:.2f}s"
+                  f"{', starting from the seed case it was found on' if summary.get('found_on_seed') else ''}")
     if summary["interrupted"]:
         print(f"interrupted by {summary['interrupted']} after {summary['cases']} cases: the report holds them")
     print(f"summary: {report_dir / ('replay-summary.json' if args.from_db else SUMMARY)}")
@@ -267,7 +276,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               examples=args.examples, seed=args.seed, profile=args.profile,
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
                               shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
-                              seeds=not args.no_seeds,
+                              seeds=not args.no_seeds, keep_going=args.keep_going,
                               shard=shard, shared_databases=shared, should_stop=stop)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
@@ -295,6 +304,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
                 run_args += [flag, str(value)]
         run_args += [arg for db in databases for arg in ("--example-db", db)]
         run_args += (["--no-shrink"] if args.no_shrink else []) + (["--no-seeds"] if args.no_seeds else [])
+        run_args += ["--keep-going", str(args.keep_going)]
         run_args += (["-q"] if args.quiet else []) + (
             ["-v"] if args.verbose else [])
         processes = WorkerProcesses(workers, run_args)

@@ -3,9 +3,12 @@ the coverage table counts the protocol's shapes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from hypothesis import HealthCheck, given, settings
 
-from harness.campaign import run_campaign
+from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge
 from harness.mutants import mutant_target
 from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
@@ -55,3 +58,18 @@ def test_coverage_counts_every_dimension_and_lists_what_was_never_reached():
     assert set(table["dimensions"]) == set(DIMENSIONS)
     assert table["dimensions"]["mode"]["EXTEND"] > 0 and table["dimensions"]["spec"]["NGRAM"] == 0
     assert "NGRAM" in table["unreached"]["spec"] and table["combinations_reached"] > 1
+
+
+def test_keep_going_collects_distinct_failures_each_shrunk():
+    result = run_campaign(mutant_target("scheduler_no_wait"), examples=80, keep_going=2, mutant="scheduler_no_wait")
+    assert len(result.failures) == 2 and result.shrunk
+    assert len({failure_signature(f) for f in result.failures}) == 2
+    assert all(f.findings for f in result.failures)
+    replays = {f["replay"] for f in result.summary()["findings"]}
+    assert len(replays) == 2
+
+
+def test_keep_going_below_one_is_refused_naming_the_flag():
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--keep-going", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--keep-going" in out.stderr and "Traceback" not in out.stderr
