@@ -116,3 +116,22 @@ class Coverage:
             "unreached": {name: [v for v in values if not self.counts[name][v]]
                           for name, values in DIMENSIONS.items() if any(not self.counts[name][v] for v in values)},
         }
+
+
+def merge_tables(tables: list[dict]) -> dict:
+    """The coverage of several parts of one campaign (shards, workers): counts add up. Their distinct
+    combinations cannot be united from counts alone, so the merged figure is the largest part's, a
+    lower bound, and says so."""
+    counts = {name: Counter() for name in DIMENSIONS}
+    for table in tables:
+        for name, values in table["dimensions"].items():
+            counts.setdefault(name, Counter()).update(values)
+    return {
+        "factored": True,
+        "full_product": full_product_size(),
+        "combinations_reached": max(t["combinations_reached"] for t in tables),
+        "combinations_lower_bound": len(tables) > 1,
+        "dimensions": {name: {value: counts[name][value] for value in values} for name, values in DIMENSIONS.items()},
+        "unreached": {name: [v for v in values if not counts[name][v]]
+                      for name, values in DIMENSIONS.items() if any(not counts[name][v] for v in values)},
+    }

@@ -3,13 +3,14 @@ the coverage table counts the protocol's shapes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 from hypothesis import HealthCheck, given, settings
 
 from harness.campaign import failure_signature, run_campaign
-from harness.coverage import DIMENSIONS, Coverage, edge
+from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants import mutant_target
 from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
 
@@ -73,3 +74,22 @@ def test_keep_going_below_one_is_refused_naming_the_flag():
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--keep-going", "0"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--keep-going" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_page_shows_the_coverage_table_and_lists_what_was_never_reached(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--examples", "5", "-q",
+                          "--report-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    coverage = json.loads((tmp_path / "summary.json").read_text())["coverage"]
+    assert coverage["unreached"] and coverage["factored"]
+    page = (tmp_path / "index.html").read_text()
+    assert "Coverage of the protocol" in page and "Never reached" in page and "factored" in page
+
+
+def test_merged_coverage_adds_the_parts_counts():
+    first, second = Coverage(), Coverage()
+    first.add(seed_cases("0.5.23")[0])
+    second.add(seed_cases("0.5.23")[1])
+    merged = merge_tables([first.to_dict(), second.to_dict()])
+    assert merged["dimensions"]["graph"]["eager"] == 2 and merged["dimensions"]["graph"]["first graph replay"] == 2
+    assert merged["combinations_lower_bound"]
