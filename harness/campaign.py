@@ -209,10 +209,12 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             raise FindingRaised(judged)
 
     def hypothesis_test(phases, *, partitioned: bool):
-        hypothesis_shrinks = shrink and keep_going == 1
-        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []), print_blob=False,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]), schedule=schedules() if device == "cpu" else _adversarial())
+        hypothesis_shrinks = shrink and keep_going == 1  # --keep-going's failures are shrunk afterwards
+
+        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
+                  print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
+        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]),
+               schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
             campaign_case(case, schedule, partitioned=partitioned)
 
@@ -235,10 +237,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     except FindingRaised as raised:
         result.minimal = raised.result
         if shrink and result.found_on_seed and not result.interrupted:
-            shrunk = shrink_failure(lambda c: judge(c, device, schedule="adversarial", target_spec=target_spec,
-                                                    mutant=mutant, oracles=oracles),
-                                    raised.result, budget_s=shrink_seconds)
-            result.minimal = shrunk.result
+            result.minimal = shrink_failure(lambda c: judge(c, device, schedule="adversarial", target_spec=target_spec,
+                                                            mutant=mutant, oracles=oracles),
+                                            raised.result, budget_s=shrink_seconds)
         if shrink and not result.interrupted:
             result.shrunk = True
             result.shrink_seconds = time.perf_counter() - start - result.first_detection_seconds
@@ -270,7 +271,7 @@ def _shrink_collected(result: CampaignResult, collected: dict, judge, *, device,
             failure = shrink_failure(lambda c, schedule=schedule: judge(c, device, schedule=schedule,
                                                                         target_spec=target_spec, mutant=mutant,
                                                                         oracles=oracles),
-                                     failure, budget_s=budget_s).result
+                                     failure, budget_s=budget_s)
         result.failures.append(failure)
     result.minimal = result.failures[0]
     result.shrunk = shrink

@@ -10,21 +10,12 @@ instead of the other modes, one layer, no injected delay.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from harness.case import Batch, Case
 from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode
-
-
-@dataclass
-class Shrunk:
-    case: Case
-    result: object  # the CaseResult of `case`, the smallest failing one found
-    steps: int  # simplifications kept
-    tried: int  # cases judged while shrinking
-    seconds: float
 
 
 def finding_signature(result) -> tuple[str, str]:
@@ -33,12 +24,13 @@ def finding_signature(result) -> tuple[str, str]:
     return first.oracle, first.kind
 
 
-def shrink_failure(judge: Callable[[Case], object], result, *, budget_s: float) -> Shrunk:
-    """Greedy shrinking of `result.case` under `judge` (a case to its CaseResult) for at most
-    `budget_s` seconds; each kept step restarts the candidates from the smaller case."""
+def shrink_failure(judge: Callable[[Case], object], result, *, budget_s: float):
+    """The CaseResult of the smallest failing case found by greedy shrinking of `result.case` under
+    `judge` (a case to its CaseResult) for at most `budget_s` seconds; each kept step restarts the
+    candidates from the smaller case."""
     started = time.perf_counter()
     want = finding_signature(result)
-    best, best_result, steps, tried = result.case, result, 0, 0
+    best, best_result = result.case, result
     improved = True
     while improved and time.perf_counter() - started < budget_s:
         improved = False
@@ -49,12 +41,11 @@ def shrink_failure(judge: Callable[[Case], object], result, *, budget_s: float) 
                 candidate.validate()
             except InvalidArgument:
                 continue
-            tried += 1
             judged = judge(candidate)
             if judged.findings and any((f.oracle, f.kind) == want for f in judged.findings):
-                best, best_result, steps, improved = candidate, judged, steps + 1, True
+                best, best_result, improved = candidate, judged, True
                 break
-    return Shrunk(best, best_result, steps, tried, time.perf_counter() - started)
+    return best_result
 
 
 def _simpler(case: Case) -> Iterator[Case]:
