@@ -26,12 +26,14 @@ from unittest import SkipTest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
 from harness.example_db import database_scope, open_database
 from harness.isolation import IsolatedRunner
 from harness.sharding import WHOLE, Shard
-from harness.strategies import cases, schedules, seed_cases
+from harness.shrink import shrink_failure
+from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
 
 PROFILES = {
     "dev": dict(max_examples=50, derandomize=False),
@@ -53,6 +55,11 @@ class FindingRaised(AssertionError):
         first = result.findings[0]
         super().__init__(f"{first.oracle}/{first.kind}: {first.message}\nreplay: {result.replay}")
         self.result = result
+
+
+class EnoughFailures(BaseException):
+    """Raised inside the hypothesis test once --keep-going's distinct failures are collected: not an
+    `Exception`, so hypothesis stops drawing instead of shrinking it."""
 
 
 class CampaignInterrupted(BaseException):
@@ -77,13 +84,18 @@ class CampaignResult:
     shard: Shard = WHOLE
     interrupted: Optional[str] = None  # the signal that stopped the campaign early
     replayed_from_db: int = 0  # cases of the database pass
+    found_on_seed: bool = False  # the first failure came from a seed case (hypothesis cannot shrink those)
+    shrunk: bool = False  # the reported case is the shrinker's result, not the case as drawn
+    shrink_seconds: Optional[float] = None
+    coverage: Coverage = dataclasses.field(default_factory=Coverage)
+    failures: list[CaseResult] = dataclasses.field(default_factory=list)  # --keep-going: each distinct one, shrunk
 
     @property
     def findings(self) -> list[Finding]:
         return self.minimal.findings if self.minimal else []
 
     def summary(self) -> dict:
-        case = self.minimal.case if self.minimal else None
+        failures = self.failures or ([self.minimal] if self.minimal else [])
         return {
             "target": self.target, "device": self.device, "semantics": self.semantics, "seed": self.seed,
             "profile": self.profile, "cases": self.cases, "duration_s": round(self.duration_s, 3),
@@ -91,15 +103,19 @@ class CampaignResult:
             "first_detection": None if self.first_detection_examples is None else {
                 "examples": self.first_detection_examples, "seconds": round(self.first_detection_seconds, 3)},
             "findings": [
-                {**dataclasses.asdict(f), "case": json.loads(case.to_json()), "case_summary": case.summary(),
-                 "replay": self.minimal.replay}
-                for f in self.findings
+                {**dataclasses.asdict(f), "case": json.loads(failure.case.to_json()),
+                 "case_summary": failure.case.summary(), "replay": failure.replay}
+                for failure in failures for f in failure.findings
             ],
             "cases_log": self.cases_log,
             "stand_ins": self.stand_ins,
             "shard": self.shard.to_dict(),
             "interrupted": self.interrupted,
             "replayed_from_db": self.replayed_from_db,
+            "found_on_seed": self.found_on_seed,
+            "shrunk": self.shrunk,
+            "shrink_seconds": None if self.shrink_seconds is None else round(self.shrink_seconds, 3),
+            "coverage": self.coverage.to_dict(),
         }
 
 
@@ -110,7 +126,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
                  seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None,
                  shard: Shard = WHOLE, shared_databases: Sequence[str] = (),
-                 should_stop: Callable[[], Optional[str]] = lambda: None) -> CampaignResult:
+                 should_stop: Callable[[], Optional[str]] = lambda: None, keep_going: int = 1) -> CampaignResult:
     """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
     `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
@@ -118,11 +134,15 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     `shard`: judge only this part of the case stream (the database pass is replayed whole).
     `shared_databases`: --example-db specs combined with `database_dir` (`harness.example_db`).
     `should_stop`: polled before each case; a reason (a signal's name) ends the campaign early with
-    what it has, marked `interrupted`."""
+    what it has, marked `interrupted`.
+    `keep_going`: collect up to this many distinct failures (`failure_signature`) before stopping,
+    each shrunk afterwards by `harness.shrink` (1: stop at the first, shrunk by hypothesis)."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
         raise InvalidArgument(f"--examples={examples}: must be >= 1")
+    if keep_going < 1:
+        raise InvalidArgument(f"--keep-going={keep_going}: must be >= 1 (the number of distinct failures to collect)")
     base = dict(PROFILES[profile])
     if examples is not None:
         base["max_examples"] = examples
@@ -146,13 +166,14 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
     judge = runner.run_case if runner else functools.partial(run_case, target)
     stream_position = 0  # calls of the partitioned pass before the first detection
+    collected: dict[tuple, tuple[CaseResult, str]] = {}  # --keep-going: signature -> (failure, its schedule)
 
     def campaign_case(case, schedule, *, partitioned: bool):
         nonlocal stream_position
         key = (case.to_json(), schedule)
         judged = failing.get(key)  # hypothesis replays its minimal example at the end
         if judged is None:
-            detected = result.first_detection_seconds is not None
+            detected = result.first_detection_seconds is not None and keep_going == 1
             reason = should_stop()
             if reason:
                 result.interrupted = reason
@@ -172,18 +193,28 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                     result.replayed_from_db += 1
                 result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
                                                      position))
+                result.coverage.add(case)
                 on_case(result)
-                if judged.findings:
+                if judged.findings and result.first_detection_seconds is None:
                     result.first_detection_examples = result.cases
                     result.first_detection_seconds = time.perf_counter() - start
+                    result.found_on_seed = partitioned and case in chosen_seeds
+                if judged.findings and keep_going > 1:
+                    collected.setdefault(failure_signature(judged), (judged, schedule))
+                    if len(collected) >= keep_going:
+                        raise EnoughFailures()
+                    return  # keep drawing: the next distinct failure may be elsewhere
         if judged.findings:
             failing[key] = judged
             raise FindingRaised(judged)
 
     def hypothesis_test(phases, *, partitioned: bool):
-        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if shrink else []), print_blob=False,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-        @given(case=cases(semantics), schedule=schedules() if device == "cpu" else _adversarial())
+        hypothesis_shrinks = shrink and keep_going == 1  # --keep-going's failures are shrunk afterwards
+
+        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
+                  print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
+        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]),
+               schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
             campaign_case(case, schedule, partitioned=partitioned)
 
@@ -205,13 +236,46 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                 continue
     except FindingRaised as raised:
         result.minimal = raised.result
-    except CampaignInterrupted:
+        if shrink and result.found_on_seed and not result.interrupted:
+            result.minimal = shrink_failure(lambda c: judge(c, device, schedule="adversarial", target_spec=target_spec,
+                                                            mutant=mutant, oracles=oracles),
+                                            raised.result, budget_s=shrink_seconds)
+        if shrink and not result.interrupted:
+            result.shrunk = True
+            result.shrink_seconds = time.perf_counter() - start - result.first_detection_seconds
+    except (CampaignInterrupted, EnoughFailures):
         pass
+    try:
+        if collected:
+            _shrink_collected(result, collected, judge, device=device, target_spec=target_spec, mutant=mutant,
+                              oracles=oracles, shrink=shrink and not result.interrupted, budget_s=shrink_seconds)
     finally:
         if runner:
             runner.close()
     result.duration_s = time.perf_counter() - start
     return result
+
+
+def failure_signature(judged: CaseResult) -> tuple:
+    """Failures are distinct by oracle, kind and location (the buffer or tensor, else the batch)."""
+    first = judged.findings[0]
+    return first.oracle, first.kind, first.details.get("buffer") or first.details.get("tensor") or first.batch
+
+
+def _shrink_collected(result: CampaignResult, collected: dict, judge, *, device, target_spec, mutant, oracles,
+                      shrink: bool, budget_s: float) -> None:
+    """Each of --keep-going's failures, shrunk under its own schedule policy, `budget_s` each."""
+    began = time.perf_counter()
+    for failure, schedule in collected.values():
+        if shrink:
+            failure = shrink_failure(lambda c, schedule=schedule: judge(c, device, schedule=schedule,
+                                                                        target_spec=target_spec, mutant=mutant,
+                                                                        oracles=oracles),
+                                     failure, budget_s=budget_s)
+        result.failures.append(failure)
+    result.minimal = result.failures[0]
+    result.shrunk = shrink
+    result.shrink_seconds = time.perf_counter() - began if shrink else None
 
 
 def case_digest(case, schedule: str) -> str:

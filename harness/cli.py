@@ -76,6 +76,11 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default="harness-report", help="the report folder")
     run.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    run.add_argument("--keep-going", type=int, default=1, metavar="N",
+                     help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
+                          "stopping")
+    run.add_argument("--no-seeds", action="store_true",
+                     help="draw every case: skip the hand-written seed cases of the protocol's shapes")
     run.add_argument("--isolate", default="auto",
                      help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
                           "finding: SECONDS | off | auto (120 on cuda, off on cpu)")
@@ -140,6 +145,8 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     mutants.add_argument("--shard", default="1/1", help="K/N: part K of N of the mutants (the clean reference runs "
                                                         "in part 1)")
     mutants.add_argument("--list", action="store_true", help="print the mutants, one a line, and exit")
+    mutants.add_argument("--no-seeds", action="store_true",
+                         help="draw every case of each campaign: skip the hand-written seed cases")
     sanitize_cli.add_parser(sub)
     report_cli.add_parser(sub)
     merge.add_parser(sub)
@@ -191,6 +198,9 @@ def cmd_run(args) -> int:
         raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
     if args.examples is not None and args.examples < 1:
         raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
+    if args.keep_going < 1:
+        raise InvalidArgument(f"--keep-going={args.keep_going}: must be >= 1 (the number of distinct failures to "
+                              "collect)")
     if not args.progress_every >= 0:
         raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
     shard = Shard.parse(args.shard)
@@ -230,15 +240,22 @@ def cmd_run(args) -> int:
         gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
         print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
               f"{row['cases']} cases, {row['cases_per_second']} cases/s")
+    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
     for finding in summary["findings"]:
-        print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
-    if summary["findings"]:
-        first = summary["findings"][0]
-        print(f"  minimal case: {first['case_summary']}")
+        failures.setdefault(finding["replay"], []).append(finding)
+    for replay, findings in failures.items():
+        for finding in findings:
+            print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
+        label = "minimal case" if summary.get("shrunk") else "case (not shrunk)"
+        print(f"  {label}: {findings[0]['case_summary']}")
+        print(f"  replay: {replay}")
+    if failures:
         if summary["first_detection"]:
             print(f"  found after {summary['first_detection']['examples']} example(s), "
                   f"{summary['first_detection']['seconds']:.2f}s")
-        print(f"  replay: {first['replay']}")
+        if summary.get("shrunk") and summary.get("shrink_seconds") is not None:
+            print(f"  shrunk in {summary['shrink_seconds']:.2f}s"
+                  f"{', starting from the seed case it was found on' if summary.get('found_on_seed') else ''}")
     if summary["interrupted"]:
         print(f"interrupted by {summary['interrupted']} after {summary['cases']} cases: the report holds them")
     print(f"summary: {report_dir / ('replay-summary.json' if args.from_db else SUMMARY)}")
@@ -259,6 +276,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               examples=args.examples, seed=args.seed, profile=args.profile,
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
                               shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
+                              seeds=not args.no_seeds, keep_going=args.keep_going,
                               shard=shard, shared_databases=shared, should_stop=stop)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
@@ -285,7 +303,9 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
             if value is not None:
                 run_args += [flag, str(value)]
         run_args += [arg for db in databases for arg in ("--example-db", db)]
-        run_args += (["--no-shrink"] if args.no_shrink else []) + (["-q"] if args.quiet else []) + (
+        run_args += (["--no-shrink"] if args.no_shrink else []) + (["--no-seeds"] if args.no_seeds else [])
+        run_args += ["--keep-going", str(args.keep_going)]
+        run_args += (["-q"] if args.quiet else []) + (
             ["-v"] if args.verbose else [])
         processes = WorkerProcesses(workers, run_args)
         stop.forward_to(processes.signal)
@@ -362,7 +382,7 @@ def cmd_replay(args) -> int:
 
 def cmd_explore(args) -> int:
     from harness.device import resolve_device
-    from harness.engine import explore
+    from harness.engine import explore, parse_oracles
     from harness.target import load_target
 
     if resolve_device(args.device) != "cpu":
@@ -371,9 +391,11 @@ def cmd_explore(args) -> int:
         raise InvalidArgument(f"--bound={args.bound}: must be >= 1")
     case = _load_case(args.case)
     target = load_target(args.target, mutant=args.mutant)
-    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant)
+    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,
+                      oracles=parse_oracles(args.oracles))
+    per_oracle = ", ".join(f"{name} {count}" for name, count in sorted(outcome.by_oracle.items()))
     print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "
-          f"{len(outcome.failing)} with findings")
+          f"{len(outcome.failing)} with findings{' (' + per_oracle + ')' if per_oracle else ''}")
     for schedule, finding in outcome.failing[:10]:
         print(f"  forced:{schedule}  [{finding.oracle}/{finding.kind}] {finding.message}")
     return EXIT_FOUND if outcome.failing else EXIT_OK
@@ -392,7 +414,7 @@ def cmd_mutants(args) -> int:
     report_dir = Path(args.report_dir)
     refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)
     return run_kill_table(device=args.device, examples=args.examples, semantics=semantics, report_dir=report_dir,
-                          only=args.only, shard=shard)
+                          only=args.only, shard=shard, seeds=not args.no_seeds)
 
 
 def cmd_triage(args) -> int:

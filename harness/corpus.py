@@ -23,9 +23,10 @@ CUDA_CAMPAIGN_TIMEOUT_S = 300
 
 
 def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23", only=None,
-               progress=lambda line: None, shard: Shard = WHOLE) -> tuple[dict | None, list[dict]]:
+               progress=lambda line: None, shard: Shard = WHOLE, seeds: bool = True) -> tuple[dict | None, list[dict]]:
     """The clean reference's row (None outside shard 1: it runs once per table) and the mutants' rows,
-    those of `shard`'s part of the mutant list."""
+    those of `shard`'s part of the mutant list. `seeds` False: every campaign draws all its cases, so
+    the table measures the fuzzer, not the hand-written seed cases."""
     names = list(MUTANTS)
     if only:
         names = [n.strip() for n in only.split(",") if n.strip()]
@@ -36,17 +37,18 @@ def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.
     with_clean = shard.index == 1
     if device == "cuda":
         return _kill_table_isolated(names, examples=examples, semantics=semantics, progress=progress,
-                                    with_clean=with_clean)
+                                    with_clean=with_clean, seeds=seeds)
     rows = []
-    clean_row = _clean_row(device, examples, semantics, progress) if with_clean else None
+    clean_row = _clean_row(device, examples, semantics, progress, seeds) if with_clean else None
     for name in names:
-        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics))
+        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics, seeds=seeds))
         progress(_line(rows[-1]))
     return clean_row, rows
 
 
-def _clean_row(device: str, examples: int, semantics: str, progress) -> dict:
-    clean = run_campaign(ReferenceTarget(), device=device, semantics=semantics, examples=examples, shrink=False)
+def _clean_row(device: str, examples: int, semantics: str, progress, seeds: bool) -> dict:
+    clean = run_campaign(ReferenceTarget(), device=device, semantics=semantics, examples=examples, shrink=False,
+                         seeds=seeds)
     broken = run_probes(ReferenceTarget())
     clean_row = {"name": "(clean reference)", "cases": clean.cases, "findings": len(clean.findings) + len(broken),
                  "finding": clean.findings[0].message if clean.findings else (broken[0] if broken else None)}
@@ -54,12 +56,13 @@ def _clean_row(device: str, examples: int, semantics: str, progress) -> dict:
     return clean_row
 
 
-def judge_mutant(name: str, *, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23") -> dict:
+def judge_mutant(name: str, *, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23",
+                 seeds: bool = True) -> dict:
     """One row of the table: the campaign against the mutant, then the contract probes."""
     m = MUTANTS[name]
     target = mutant_target(name)
     r = run_campaign(target, target_spec="reference", device=device, semantics=semantics, examples=examples,
-                     mutant=name)
+                     mutant=name, seeds=seeds)
     return _row(m, [f.oracle for f in r.findings], r.first_detection_examples, r.first_detection_seconds,
                 r.minimal.case.summary() if r.minimal else None, r.minimal.replay if r.minimal else None,
                 run_probes(target))
@@ -82,14 +85,15 @@ def _line(row: dict) -> str:
             f"{row['examples_to_detect']} ex {row['seconds_to_detect']} s  {row['minimal_case'] or ''}")
 
 
-def _kill_table_isolated(names, *, examples: int, semantics: str, progress,
-                         with_clean: bool) -> tuple[dict | None, list[dict]]:
+def _kill_table_isolated(names, *, examples: int, semantics: str, progress, with_clean: bool,
+                         seeds: bool) -> tuple[dict | None, list[dict]]:
     """On CUDA each campaign runs in its own process: a mutant that kills the CUDA context (an
     illegal access, a device-side assert) is a finding, not the end of the table."""
     def campaign(mutant):
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable, "-m", "harness", "run", "--device", "cuda", "--examples", str(examples),
-                   "--semantics", semantics, "--report-dir", tmp] + (["--mutant", mutant] if mutant else [])
+                   "--semantics", semantics, "--report-dir", tmp] + (["--mutant", mutant] if mutant else []) + (
+                [] if seeds else ["--no-seeds"])
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CUDA_CAMPAIGN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -122,8 +126,8 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress,
 
 
 def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Path, only=None,
-                   shard: Shard = WHOLE) -> int:
-    clean, rows = kill_table(device=device, examples=examples, semantics=semantics, only=only, shard=shard,
+                   shard: Shard = WHOLE, seeds: bool = True) -> int:
+    clean, rows = kill_table(device=device, examples=examples, semantics=semantics, only=only, shard=shard, seeds=seeds,
                              progress=lambda line: print(line, flush=True))
 
     def build(folder: Path) -> None:
@@ -141,8 +145,10 @@ def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Pa
     print(f"{len(killed)}/{len(rows)} mutants killed{' (shard ' + str(shard) + ')' if shard.count > 1 else ''}; "
           f"{clean_note}")
     if seconds:
+        examples_to_detect = [r["examples_to_detect"] for r in by_campaign]
         print(f"time to detection: median {statistics.median(seconds):.2f}s, worst {max(seconds):.2f}s; "
-              f"examples: worst {max(r['examples_to_detect'] for r in by_campaign)}; "
+              f"examples: median {statistics.median(examples_to_detect)}, worst {max(examples_to_detect)}"
+              f"{' (no seed cases)' if not seeds else ''}; "
               f"{len(killed) - len(by_campaign)} killed by a contract probe alone")
     print(f"table: {report_dir / 'mutants.json'}", file=sys.stderr)
     print(f"page: {report_dir / 'index.html'}")

@@ -409,12 +409,14 @@ class Exploration:
     explored: int = 0
     truncated: bool = False
     failing: list[tuple[str, Finding]] = field(default_factory=list)
+    by_oracle: dict[str, int] = field(default_factory=dict)  # interleavings with a finding of each oracle
 
 
 def explore(target, case: Case, *, bound: int = 500, target_spec: str = "reference",
-            mutant: Optional[str] = None) -> Exploration:
+            mutant: Optional[str] = None, oracles: Optional[frozenset] = None) -> Exploration:
     """Every order the stream and event edges allow, depth first over the simulator's decisions
-    (stateless, as CHESS does: each order is a fresh run forced along a prefix)."""
+    (stateless, as CHESS does: each order is a fresh run forced along a prefix). Each order is judged
+    by every oracle `oracles` enables (all when None), as a campaign judges a case."""
     case.validate()
     barriered = execute(target, case, "cpu", barriered=True)
     outcome = Exploration()
@@ -431,9 +433,11 @@ def explore(target, case: Case, *, bound: int = 500, target_spec: str = "referen
             continue
         seen.add(taken)
         outcome.explored += 1
-        findings = [f for f in judge(case, run, barriered) if f.oracle in ("differential", "execution")]
+        findings = [f for f in judge(case, run, barriered) if oracles is None or f.oracle in oracles]
         if findings:
             outcome.failing.append((taken, findings[0]))
+            for name in dict.fromkeys(f.oracle for f in findings):
+                outcome.by_oracle[name] = outcome.by_oracle.get(name, 0) + 1
         for i in range(len(prefix), len(run.decisions)):
             chosen, options = run.decisions[i]
             for alternative in options:

@@ -166,6 +166,11 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
         check.need(shard, "count", "int", f"{where}shard.")
     check.need(data, "interrupted", "str", where, optional=True)
     check.need(data, "replayed_from_db", "int", where, optional=True)
+    coverage = check.need(data, "coverage", "object", where, optional=True)
+    if coverage is not None:
+        check.need(coverage, "dimensions", "object", f"{where}coverage.")
+        check.need(coverage, "unreached", "object", f"{where}coverage.")
+        check.need(coverage, "combinations_reached", "int", f"{where}coverage.")
     check.need(data, "cuda_visible_devices", "str", where, optional=True)
     list(check.items(data, "shards_missing", where, optional=True, kind="int"))
     for prefix, row in check.items(data, "workers", where, optional=True):

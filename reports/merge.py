@@ -25,6 +25,7 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from harness.coverage import merge_tables
 from harness.errors import InvalidArgument
 from reports.cli import EXIT_CODES, render_folder
 from reports.folder import (CLEAN_REFERENCE, EXAMPLES, KERNEL, MUTANTS, NIGHTLY, PYTEST_JUNIT, SANITIZER, SUMMARY,
@@ -108,6 +109,9 @@ def merge_summaries(sources: list[tuple[str, dict]], *, duration_s: float | None
         stand_ins=list({row["module"]: row for _, s in sources for row in s.get("stand_ins") or []}.values()),
         workers=[row for label, s in sources for row in worker_rows(label, s)],
     )
+    coverage = [s["coverage"] for _, s in sources if s.get("coverage")]
+    if coverage:
+        merged["coverage"] = merge_tables(coverage)
     telemetry = [s["telemetry"] for _, s in sources if s.get("telemetry")]
     if any(t["gpus"] for t in telemetry):
         merged["telemetry"] = {"gpus": [g for t in telemetry for g in t["gpus"]],

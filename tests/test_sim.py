@@ -73,8 +73,17 @@ CASE = Case(batches=(Batch(requests=(Request(2, 2),), mutations=(Mutation("req_t
 def test_exploration_counts_every_order_and_finds_the_racy_ones():
     clean = explore(ReferenceTarget(), CASE, bound=1000)
     assert clean.explored > 1 and not clean.truncated and not clean.failing
-    racy = explore(mutant_target("snapshot_skipped"), CASE, bound=1000)
+    racy = explore(mutant_target("snapshot_skipped"), CASE, bound=1000, oracles=frozenset({"differential"}))
     assert 0 < len(racy.failing) < racy.explored  # some orders race, the forward-first ones do not
+
+
+def test_exploration_judges_every_order_with_every_oracle_and_counts_per_oracle():
+    """The happens-before oracle sees the unordered pair in every order, also those whose outputs agree."""
+    outputs_differ = explore(mutant_target("snapshot_skipped"), CASE, bound=1000, oracles=frozenset({"differential"}))
+    every_oracle = explore(mutant_target("snapshot_skipped"), CASE, bound=1000)
+    assert len(every_oracle.failing) == every_oracle.explored > len(outputs_differ.failing)
+    assert every_oracle.by_oracle["happens-before"] == every_oracle.explored
+    assert every_oracle.by_oracle["differential"] == len(outputs_differ.failing)
 
 
 def test_exploration_bound_is_reported():

@@ -1,0 +1,95 @@
+"""The fuzzer itself: seed failures are shrunk, the geometry spans SGLang's sizes within the budget,
+the coverage table counts the protocol's shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from hypothesis import HealthCheck, given, settings
+
+from harness.campaign import failure_signature, run_campaign
+from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
+from harness.mutants import mutant_target
+from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
+
+
+def test_a_failure_found_on_a_seed_case_is_shrunk_from_it():
+    result = run_campaign(mutant_target("scheduler_no_wait"), examples=3, mutant="scheduler_no_wait")
+    seed = seed_cases("0.5.23")[0]
+    assert result.first_detection_examples == 1 and result.found_on_seed
+    assert result.shrunk and result.shrink_seconds is not None
+    assert result.minimal.findings and result.minimal.case != seed
+    assert result.minimal.case.summary() != seed.summary()
+    summary = result.summary()
+    assert summary["shrunk"] and summary["found_on_seed"]
+
+
+def test_without_shrinking_the_case_is_marked_not_shrunk():
+    result = run_campaign(mutant_target("scheduler_no_wait"), examples=3, shrink=False)
+    assert result.findings and not result.shrunk and result.shrink_seconds is None
+
+
+def test_no_seeds_draws_every_case():
+    with_seeds = run_campaign(mutant_target("scheduler_no_wait"), examples=3, shrink=False)
+    without = run_campaign(mutant_target("scheduler_no_wait"), examples=30, shrink=False, seeds=False)
+    assert with_seeds.found_on_seed and without.findings and not without.found_on_seed
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=cases("0.5.23"))
+def test_drawn_geometry_is_valid_and_within_the_ci_budget(case):
+    case.validate()
+    for batch in case.batches:
+        assert batch.num_tokens * len(case.dims.layer_ratios) * case.dims.heads <= PROFILE_BUDGETS["ci"] + 1
+        assert len(batch.requests) <= 65  # 64 drawn, plus the decode request a MIXED batch gets
+
+
+def test_edges_name_buckets_and_the_threshold():
+    assert [edge(n) for n in (15, 16, 17, 11672, 11673, 11674, 18)] == [
+        "bucket-1", "bucket", "bucket+1", "threshold-1", "threshold", "threshold+1", "no edge"]
+
+
+def test_coverage_counts_every_dimension_and_lists_what_was_never_reached():
+    coverage = Coverage()
+    for case in seed_cases("0.5.23"):
+        coverage.add(case)
+    table = coverage.to_dict()
+    assert set(table["dimensions"]) == set(DIMENSIONS)
+    assert table["dimensions"]["mode"]["EXTEND"] > 0 and table["dimensions"]["spec"]["NGRAM"] == 0
+    assert "NGRAM" in table["unreached"]["spec"] and table["combinations_reached"] > 1
+
+
+def test_keep_going_collects_distinct_failures_each_shrunk():
+    result = run_campaign(mutant_target("scheduler_no_wait"), examples=80, keep_going=2, mutant="scheduler_no_wait")
+    assert len(result.failures) == 2 and result.shrunk
+    assert len({failure_signature(f) for f in result.failures}) == 2
+    assert all(f.findings for f in result.failures)
+    replays = {f["replay"] for f in result.summary()["findings"]}
+    assert len(replays) == 2
+
+
+def test_keep_going_below_one_is_refused_naming_the_flag():
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--keep-going", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--keep-going" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_page_shows_the_coverage_table_and_lists_what_was_never_reached(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--examples", "5", "-q",
+                          "--report-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    coverage = json.loads((tmp_path / "summary.json").read_text())["coverage"]
+    assert coverage["unreached"] and coverage["factored"]
+    page = (tmp_path / "index.html").read_text()
+    assert "Coverage of the protocol" in page and "Never reached" in page and "factored" in page
+
+
+def test_merged_coverage_adds_the_parts_counts():
+    first, second = Coverage(), Coverage()
+    first.add(seed_cases("0.5.23")[0])
+    second.add(seed_cases("0.5.23")[1])
+    merged = merge_tables([first.to_dict(), second.to_dict()])
+    assert merged["dimensions"]["graph"]["eager"] == 2 and merged["dimensions"]["graph"]["first graph replay"] == 2
+    assert merged["combinations_lower_bound"]
