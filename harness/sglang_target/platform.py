@@ -63,9 +63,6 @@ class SimStream:
     def wait_stream(self, other: "SimStream") -> None:
         self.device.wait_stream(self.stream, other.stream)
 
-    def synchronize(self) -> None:
-        self.device.synchronize()
-
 
 class SimEvent:
     """`device_module.Event()` on the simulator: `record(stream)` records on that stream, or on the current
@@ -110,21 +107,10 @@ class SimDeviceModule(types.ModuleType):
         device = self.bound_device()
         return SimStream(device, device.new_stream("sglang-new"))
 
-    def current_stream(self, device=None) -> SimStream:
-        device = self.bound_device()
-        return SimStream(device, device.current_stream)
-
     @contextlib.contextmanager
     def StreamContext(self, stream: SimStream) -> Iterator[None]:  # noqa: N802 - torch's name
         with stream.device.stream(stream.stream):
             yield
-
-    def synchronize(self, device=None) -> None:
-        self.bound_device().synchronize()
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
 
 
 def register_sim_device() -> str:
