@@ -18,7 +18,6 @@ waiting for the whole forward first. The oracles:
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import time
@@ -162,14 +161,10 @@ ORACLES = ("differential", "happens-before", "policy", "float64", "kv", "executi
 
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
              target_spec: str = "reference", mutant: Optional[str] = None,
-             oracles: Optional[frozenset] = None, observe: Optional[bool] = None) -> CaseResult:
+             oracles: Optional[frozenset] = None, observe: bool = True) -> CaseResult:
     """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what);
-    `observe=False` leaves the tracker with the declared accesses only (to measure the observer).
-    By default the observer is on for the CPU simulator; on CUDA only with HARNESS_OBSERVE_CUDA=1: it
-    has not run on a GPU yet, and torch's GPU trace it listens to was seen there to turn a target's own
-    exception into a SystemError while the exception unwound."""
-    if observe is None:
-        observe = device_name == "cpu" or os.environ.get("HARNESS_OBSERVE_CUDA") == "1"
+    `observe=False` leaves the tracker with the declared accesses only (to measure the observer);
+    by default the observer watches the overlapped run on every device."""
     case.validate()
     start = time.perf_counter()
     poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range

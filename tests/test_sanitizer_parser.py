@@ -346,6 +346,8 @@ def test_sanitize_command_writes_the_report_and_exits_by_verdict(replaying, tmp_
 def test_sanitize_command_bad_input_and_missing_binary(bare_machine, tmp_path):
     assert main(["sanitize", "--tool", "memcheck", "planted-race"]) == 2  # planted-race is racecheck's only
     assert main(["sanitize", "--timeout", "0"]) == 2
+    assert main(["sanitize", "--target", "vllm"]) == 2
+    assert main(["sanitize", "sglang-kernels-eager"]) == 2  # SGLang's case without --target sglang
     assert main(["sanitize", "--tool", "racecheck", "planted-race", "--report-dir", str(tmp_path / "r")]) == 3
     assert "not found" in json.loads((tmp_path / "r" / "sanitizer.json").read_text())["error"]
 

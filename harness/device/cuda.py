@@ -8,7 +8,6 @@ import warnings
 from typing import Callable, Iterator, Optional
 
 import torch
-from torch.cuda import _gpu_trace
 
 from harness.device.base import Device, Event, GraphCapture, Stream
 
@@ -47,19 +46,13 @@ class CudaDevice(Device):
 
     @contextlib.contextmanager
     def observing(self) -> Iterator[None]:
-        """Also torch's GPU trace callbacks, as CSAN takes them: events a target records and waits on
-        itself, and its host synchronisations, reach the tracker on the real streams they ran on."""
+        """Also the events a target records and waits on itself, and its host synchronisations: they
+        reach the tracker on the real streams they ran on (`_synchronisations_observed`)."""
         if self.observer is None:
             yield
             return
-        global _TRACED
-        _activate_trace()
-        previous, _TRACED = _TRACED, self
-        try:
-            with super().observing():
-                yield
-        finally:
-            _TRACED = previous
+        with _synchronisations_observed(self), super().observing():
+            yield
 
     def _stream_of_native(self, native: int) -> int:
         known = self._ids_by_native.get(native)
@@ -147,34 +140,63 @@ class CudaDevice(Device):
         return cycles / self.sleep_cycles_per_ms
 
 
-_TRACED: Optional[CudaDevice] = None  # the device whose observer the GPU trace feeds now
-_TRACE_ACTIVE = False
+_OBSERVING: Optional[CudaDevice] = None  # the device whose tracker torch's events and syncs feed now
 
 
-def _activate_trace() -> None:
-    """Once per process (torch cannot switch its GPU trace off again); the callbacks feed whichever
-    device is observing, and nothing while none is. Native event handles are the tracker's event ids
-    for these (the device's own events have small ids of their own)."""
-    global _TRACE_ACTIVE
-    if _TRACE_ACTIVE:
+@contextlib.contextmanager
+def _synchronisations_observed(device: CudaDevice) -> Iterator[None]:
+    """torch's `Event.record` / `wait` / `synchronize`, `Stream.synchronize` and `torch.cuda.synchronize`
+    also tell the observing device's tracker, as CSAN's GPU trace callbacks do (`Stream.wait_event`,
+    `wait_stream` and `record_event` go through the event's methods). Wrapped only while a device
+    observes, and not through torch's GPU trace: once on, that calls into Python at every allocation
+    for the rest of the process, also while an exception unwinds, which on the H200 replaced a target's
+    own error with a SystemError. A native event's handle is its id in the tracker (the device's own
+    events have small ids of their own). Code that bound `torch.cuda.synchronize` to a name of its own
+    before the run is not seen."""
+    global _OBSERVING
+    if _OBSERVING is not None:  # nested: the wrappers are in place
+        previous, _OBSERVING = _OBSERVING, device
+        try:
+            yield
+        finally:
+            _OBSERVING = previous
         return
-    _TRACE_ACTIVE = True
-    torch._C._activate_gpu_trace()
+    event_cls, stream_cls = torch.cuda.Event, torch.cuda.Stream
+    record, wait, event_sync = event_cls.record, event_cls.wait, event_cls.synchronize
+    stream_sync, device_sync = stream_cls.synchronize, torch.cuda.synchronize
 
-    def on(method):
-        def callback(*args):
-            if _TRACED is not None:
-                method(_TRACED, *args)
-        return callback
+    def stream_id(stream) -> int:
+        return _OBSERVING._stream_of_native((stream if stream is not None else torch.cuda.current_stream()).cuda_stream)
 
-    _gpu_trace.register_callback_for_event_record(
-        on(lambda d, event, stream: d.tracker.record(event, d._stream_of_native(stream))))
-    _gpu_trace.register_callback_for_event_wait(
-        on(lambda d, event, stream: d.tracker.wait(d._stream_of_native(stream), event)))
-    _gpu_trace.register_callback_for_stream_synchronization(
-        on(lambda d, stream: d.tracker.sync_stream(d._stream_of_native(stream))))
-    _gpu_trace.register_callback_for_event_synchronization(on(lambda d, event: d.tracker.sync_event(event)))
-    _gpu_trace.register_callback_for_device_synchronization(on(lambda d: d.tracker.sync_device()))
+    def observed_record(event, stream=None):
+        record(event, stream)
+        _OBSERVING.tracker.record(event.cuda_event, stream_id(stream))
+
+    def observed_wait(event, stream=None):
+        wait(event, stream)
+        _OBSERVING.tracker.wait(stream_id(stream), event.cuda_event)
+
+    def observed_event_sync(event):
+        event_sync(event)
+        _OBSERVING.tracker.sync_event(event.cuda_event)
+
+    def observed_stream_sync(stream):
+        stream_sync(stream)
+        _OBSERVING.tracker.sync_stream(stream_id(stream))
+
+    def observed_device_sync(device_index=None):
+        device_sync(device_index)
+        _OBSERVING.tracker.sync_device()
+
+    _OBSERVING = device
+    event_cls.record, event_cls.wait, event_cls.synchronize = observed_record, observed_wait, observed_event_sync
+    stream_cls.synchronize, torch.cuda.synchronize = observed_stream_sync, observed_device_sync
+    try:
+        yield
+    finally:
+        event_cls.record, event_cls.wait, event_cls.synchronize = record, wait, event_sync
+        stream_cls.synchronize, torch.cuda.synchronize = stream_sync, device_sync
+        _OBSERVING = None
 
 
 def _calibrate_sleep(cycles: int = 20_000_000, repeats: int = 3) -> float:

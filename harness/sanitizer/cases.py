@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.errors import InvalidArgument
+from harness.sanitizer import sglang_cases
 
 TOOLS = ("racecheck", "synccheck", "memcheck", "initcheck")
 CLEAN = "clean"
@@ -31,6 +32,8 @@ class SanitizerCase:
     expected_kind: str | None = None  # a planted bug's finding kind; None for a clean case
     kernel_regex: str | None = None  # the tool checks only kernels whose mangled name matches
     graph: bool = False  # capture needs PyTorch's caching allocator, so memcheck runs with it on here
+    target: str = "reference"  # the target whose code the case runs; "any" for the tools' positive controls
+    finding_in: str | None = None  # the kernels a planted bug's finding must name; default kernel_regex
 
     @property
     def expected(self) -> str:
@@ -133,14 +136,29 @@ def _build() -> dict[str, SanitizerCase]:
         for graph in (False, True):
             name = f"metadata-{'graph' if graph else 'eager'}-{geometry}"
             cases[name] = SanitizerCase(name, _metadata(geometry, graph), graph=graph)
-    cases["planted-clean"] = SanitizerCase("planted-clean", _planted(None), kernel_regex="planted_")
+    cases["planted-clean"] = SanitizerCase("planted-clean", _planted(None), kernel_regex="planted_", target="any")
     for kernel, (tool, kind) in PLANTED.items():
         name = kernel.replace("_", "-")
-        cases[name] = SanitizerCase(name, _planted(kernel), tools=(tool,), expected_kind=kind, kernel_regex=kernel)
+        cases[name] = SanitizerCase(name, _planted(kernel), tools=(tool,), expected_kind=kind, kernel_regex=kernel,
+                                    target="any")
+    for graph in (False, True):
+        mode = "graph" if graph else "eager"
+        cases[f"sglang-kernels-{mode}"] = SanitizerCase(f"sglang-kernels-{mode}", sglang_cases.kernels_case(graph),
+                                                        graph=graph, target="sglang")
+        cases[f"sglang-prefill-{mode}"] = SanitizerCase(f"sglang-prefill-{mode}", sglang_cases.prefill_case(graph),
+                                                        graph=graph, target="sglang")
+    for name, (tool, kind, kernel, _) in sglang_cases.PLANTED_EDITS.items():
+        cases[name] = SanitizerCase(name, sglang_cases.planted_case(name), tools=(tool,), expected_kind=kind,
+                                    target="sglang", finding_in=kernel)
     return cases
 
 
 CASES = _build()
+
+
+def cases_of(target: str) -> list[SanitizerCase]:
+    """The cases `sanitize --target TARGET` runs: the target's own, then the tools' positive controls."""
+    return [c for c in CASES.values() if c.target == target] + [c for c in CASES.values() if c.target == "any"]
 
 
 def get_case(name: str) -> SanitizerCase:

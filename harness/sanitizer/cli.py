@@ -1,4 +1,9 @@
-"""`python -m harness sanitize`: our kernels and the planted bugs under compute-sanitizer, one tool at a time.
+"""`python -m harness sanitize`: a target's kernels and the planted bugs under compute-sanitizer, one tool at a time.
+
+`--target reference` (the default) runs the harness's own sparse-attention kernel and metadata path;
+`--target sglang` runs SGLang's own DSV4 prefill kernels and a whole case through the real SGLang path,
+with bugs planted in a copy of SGLang's kernel file (`sglang_cases.py`). Both end with the tools'
+positive controls (`planted.py`).
 
 Exit 0 when every clean case is clean and every planted bug was found; 1 when a clean case has a
 finding, a planted bug was missed, or a run proved nothing (timeout, missing output, a kernel that
@@ -14,6 +19,7 @@ from pathlib import Path
 from harness.errors import EnvironmentBroken, InvalidArgument
 
 TOOL_CHOICES = ("racecheck", "synccheck", "memcheck", "initcheck", "all")
+TARGETS = ("reference", "sglang")
 REPORT_NAME = "sanitizer.json"
 RAW_DIR = "sanitizer"
 
@@ -22,6 +28,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("sanitize", help="run our kernels and the planted bugs under compute-sanitizer")
     p.add_argument("cases", nargs="*", help="case names (none given: all); see the list in the error for a bad one")
     p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all")
+    p.add_argument("--target", default="reference", help="whose kernels: reference | sglang (default: reference)")
     p.add_argument("--report-dir", default="harness-report", help="the report folder")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per sanitized run")
     p.add_argument("--jobs", type=int, default=1,
@@ -29,17 +36,21 @@ def add_parser(sub) -> None:
 
 
 def _select(args):
-    from harness.sanitizer.cases import CASES, TOOLS, get_case
+    from harness.sanitizer.cases import TOOLS, cases_of, get_case
 
     if args.tool not in TOOL_CHOICES:
         raise InvalidArgument(f"--tool={args.tool!r} is not one of: {', '.join(TOOL_CHOICES)}")
+    if args.target not in TARGETS:
+        raise InvalidArgument(f"--target={args.target!r} is not one of: {', '.join(TARGETS)}")
     if not args.timeout > 0:
         raise InvalidArgument(f"--timeout={args.timeout}: must be > 0 seconds")
     if args.jobs < 1:
         raise InvalidArgument(f"--jobs={args.jobs}: must be >= 1")
     tools = list(TOOLS) if args.tool == "all" else [args.tool]
-    cases = [get_case(name) for name in args.cases] if args.cases else list(CASES.values())
+    cases = [get_case(name) for name in args.cases] if args.cases else cases_of(args.target)
     for case in cases:
+        if case.target not in (args.target, "any"):
+            raise InvalidArgument(f"case {case.name!r} runs {case.target}'s code: give --target {case.target}")
         if not set(case.tools) & set(tools):
             raise InvalidArgument(f"case {case.name!r} runs under {', '.join(case.tools)} only, not --tool={args.tool}")
     return tools, cases
@@ -78,9 +89,12 @@ def _line(r) -> str:
 def run(args) -> int:
     from harness.sanitizer.binary import find_sanitizer
     from harness.sanitizer.runner import run_all
+    from harness.sanitizer.sglang_cases import kernel_module
     from reports.writers import write_json_atomically
 
     tools, cases = _select(args)
+    if args.target == "sglang":
+        kernel_module()  # sglang missing: exit 3 before any run, not a never-ran per case
     report_dir = Path(args.report_dir)
     try:
         binary = find_sanitizer()
@@ -95,7 +109,8 @@ def run(args) -> int:
     ok = all(r.ok for r in results)
     table = figures(results)
     write_json_atomically(report_dir / REPORT_NAME, {
-        "binary": binary.as_dict(), "tools": tools, "cases": [c.name for c in cases], "jobs": args.jobs,
+        "binary": binary.as_dict(), "target": args.target, "tools": tools, "cases": [c.name for c in cases],
+        "jobs": args.jobs,
         "ok": ok, "figures": table, "results": [r.as_dict() for r in results]})
     for tool, row in table.items():
         print(f"{tool:9} {row['ok']}/{row['runs']} ok; errors in clean cases {row['errors_in_clean_cases']}; "

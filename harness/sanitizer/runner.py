@@ -115,8 +115,9 @@ class ToolResult:
                 "replay": self.replay, "raw": self.raw}
 
 
-def replay_command(tool: str, case: str) -> str:
-    return f"python -m harness sanitize --tool {tool} {case}"
+def replay_command(tool: str, case: SanitizerCase) -> str:
+    target = f" --target {case.target}" if case.target not in ("reference", "any") else ""
+    return f"python -m harness sanitize{target} --tool {tool} {case.name}"
 
 
 def _tail(text: str | None) -> str:
@@ -128,7 +129,7 @@ def _tail(text: str | None) -> str:
 def judge(tool: str, case: SanitizerCase, out: RunOutputs, *, timeout: float) -> ToolResult:
     """The verdict on one sanitized run, from its outputs alone."""
     result = ToolResult(tool, case.name, "failed", None, out.exit_code, 0, 0, round(out.seconds, 3), [],
-                        case.expected, replay_command(tool, case.name))
+                        case.expected, replay_command(tool, case))
     if out.sentinel:
         result.body_seconds = out.sentinel.get("body_seconds")
 
@@ -186,12 +187,12 @@ def judge(tool: str, case: SanitizerCase, out: RunOutputs, *, timeout: float) ->
             return fail("exit-without-errors", f"exited {out.exit_code} but {tool} reported no error: the program "
                                                f"failed: {_tail(sentinel.get('error') or out.stderr)}")
     if case.expected_kind:
-        hits = [f for f in findings if f.kind == case.expected_kind and f.kernel
-                and re.search(case.kernel_regex or "", f.kernel)]
+        where = case.finding_in or case.kernel_regex or ""
+        hits = [f for f in findings if f.kind == case.expected_kind and f.kernel and re.search(where, f.kernel)]
         if not hits:
             kinds = sorted({f.kind for f in findings}) or ["nothing"]
             return fail("planted-not-found", f"the planted {case.expected_kind} was not reported by {tool} in "
-                                             f"{case.kernel_regex}; it reported: {', '.join(kinds)}")
+                                             f"{where}; it reported: {', '.join(kinds)}")
     result.status = "found" if summary.errors else CLEAN
     return result
 
