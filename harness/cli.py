@@ -219,9 +219,7 @@ def cmd_run(args) -> int:
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
         refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
     target = load_target(args.target, mutant=args.mutant)
-    in_workers = args.workers != "1"  # asked for: even one worker runs apart, pinned, and is listed in the report
-    gpus = visible_gpus() if device == "cuda" and in_workers else None
-    count = worker_count(args.workers, device, gpus)
+    in_workers, gpus, count = worker_plan(args.workers, device)
     if in_workers and args.from_db:
         raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
     verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
@@ -284,6 +282,16 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
     return summary
+
+
+def worker_plan(spec: str, device: str) -> tuple[bool, Optional[list[str]], int]:
+    """Whether the campaign runs in worker processes, the GPUs they are pinned to, and how many. Any
+    `--workers` but the default 1 is asked for: even one worker runs apart, pinned, and is listed in the
+    report. The default runs in this process and needs no GPU listing (NVML) at all."""
+    if spec == "1":
+        return False, None, 1
+    gpus = visible_gpus() if device == "cuda" else None
+    return True, gpus, worker_count(spec, device, gpus)
 
 
 def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_dir, stop) -> dict:

@@ -1,5 +1,5 @@
 """`sanitize --target sglang`: SGLang's own DSV4 prefill kernels as the sanitizer's cases run them, here on
-the CPU (Triton interpreted); under compute-sanitizer they run on a GPU (`sanitize --target sglang`).
+the CPU (Triton interpreted) or the GPU; under compute-sanitizer they run on a GPU (`sanitize --target sglang`).
 
 Needs sglang 0.5.23 and its CPU import deps; skipped without them.
 """
@@ -17,14 +17,25 @@ if importlib.util.find_spec("sglang") is None:  # asked before prepare_triton to
                 "sglang==0.5.23` plus its CPU import deps", allow_module_level=True)
 prepare_triton()  # before sglang imports triton: its kernels interpreted on a machine without a GPU
 
+import torch  # noqa: E402
+
 from harness.errors import EnvironmentBroken  # noqa: E402
 from harness.sanitizer import sglang_cases  # noqa: E402
 from harness.sanitizer.cases import CASES, cases_of  # noqa: E402
 from harness.sanitizer.runner import replay_command  # noqa: E402
 
+# Triton interprets on a machine without a GPU and compiles where one is visible: the kernels' tensors follow.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def test_sglangs_kernels_run_and_agree_with_their_specification():
-    seen = sglang_cases.run_kernels(sglang_cases.kernel_module(), graph=False, device="cpu")
+    seen = sglang_cases.run_kernels(sglang_cases.kernel_module(), graph=False, device=DEVICE)
+    assert seen == list(sglang_cases.SGLANG_KERNELS)
+
+
+@pytest.mark.gpu
+def test_sglangs_kernels_captured_and_replayed_over_new_inputs_agree_with_their_specification():
+    seen = sglang_cases.run_kernels(sglang_cases.kernel_module(), graph=True, device="cuda")
     assert seen == list(sglang_cases.SGLANG_KERNELS)
 
 
@@ -33,12 +44,12 @@ def test_the_specification_check_fires_on_a_wrong_kernel():
         "wrong-lengths", "    tl.store(combined_lens_ptr + token, topk_len + swa_len, mask=valid)\n",
         "    tl.store(combined_lens_ptr + token, topk_len + swa_len + 1, mask=valid)\n")
     with pytest.raises(AssertionError, match=r"combine_topk_swa_indices \(positional SWA\) lengths differs"):
-        sglang_cases.run_kernels(wrong, graph=False, device="cpu", geometries=("small",))
+        sglang_cases.run_kernels(wrong, graph=False, device=DEVICE, geometries=("small",))
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_a_whole_case_through_the_real_sglang_path_reaches_both_kernels(graph):
-    assert sglang_cases.run_prefill(graph=graph, device="cpu") == list(sglang_cases.SGLANG_KERNELS)
+    assert sglang_cases.run_prefill(graph=graph, device=DEVICE) == list(sglang_cases.SGLANG_KERNELS)
 
 
 @pytest.mark.parametrize("name", sglang_cases.PLANTED_EDITS)

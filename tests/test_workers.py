@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from harness import cli
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sharding import Shard
 from harness.workers import cpu_cores, plan, worker_count
@@ -29,6 +30,17 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
 def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
     with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
         worker_count(spec, device, gpus)
+
+
+def test_the_default_of_one_process_needs_no_gpu_listing(monkeypatch):
+    """`run --device cuda` without --workers once listed the GPUs and, given none, refused to run at all."""
+    def no_listing():
+        raise AssertionError("the default --workers 1 asked NVML for the GPUs")
+
+    monkeypatch.setattr(cli, "visible_gpus", no_listing)
+    assert cli.worker_plan("1", "cuda") == (False, None, 1)
+    monkeypatch.setattr(cli, "visible_gpus", lambda: ["0"])
+    assert cli.worker_plan("auto", "cuda") == (True, ["0"], 1)
 
 
 def test_each_worker_is_pinned_to_its_own_gpu_and_its_own_part_of_the_shard(tmp_path):

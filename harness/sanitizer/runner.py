@@ -174,7 +174,8 @@ def judge(tool: str, case: SanitizerCase, out: RunOutputs, *, timeout: float) ->
             return fail("never-ran", f"the driver wrote no sentinel: the case never ran its kernels "
                                      f"(exit {out.exit_code}): {_tail(out.stderr)}")
         if not launched:
-            return fail("never-ran", f"the case failed before launching its kernels: {_tail(sentinel.get('error'))}")
+            return fail("never-ran", f"the case failed before it reported the kernels it ran: "
+                                     f"{_tail(sentinel.get('error'))}")
         if not done:
             return fail("never-ran", f"{', '.join(launched)} launched but never completed under {tool}, and no "
                                      f"finding names it: {_tail(sentinel.get('error'))}")

@@ -195,9 +195,10 @@ def _check(what: str, got, want) -> None:
                              f"{got.cpu()[tuple(bad)].item()} != {want[tuple(bad)].item()}")
 
 
-def _kernel_calls(module: ModuleType, x: dict, window: int, topk: int, ratio: int, outputs: dict) -> dict:
-    """SGLang's two functions as the chunk cache calls them, into `outputs`' buffers when given."""
-    total = int(x["gather_lens"].sum())
+def _kernel_calls(module: ModuleType, x: dict, window: int, topk: int, ratio: int, total: int,
+                  outputs: dict) -> dict:
+    """SGLang's two functions as the chunk cache calls them (`total`: the SWA ids to allocate, from CPU
+    lengths, as the chunk cache computes it), into `outputs`' buffers when given."""
     ids = module.build_swa_token_ids(seq_lens=x["seq_lens"], extend_seq_lens=x["extend_seq_lens"],
                                      req_pool_indices=x["req_pool_indices"], req_to_token=x["req_to_token"],
                                      full_to_swa=x["full_to_swa"], swa_window=window, total_swa=total)[0]
@@ -230,17 +231,19 @@ def run_kernels(module: ModuleType, *, graph: bool, device: str = "cuda", geomet
     with launched_kernels(module) as seen:
         for geometry in geometries:
             x, window, topk, ratio = _inputs(geometry, device, seed=1)
+            total = int(x["gather_lens"].sum())  # read on the host before any capture
             if not graph:
-                out = _kernel_calls(module, x, window, topk, ratio, {})
+                out = _kernel_calls(module, x, window, topk, ratio, total, {})
             else:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):  # compiles SGLang's kernels outside the capture
-                    warm = _kernel_calls(module, x, window, topk, ratio, {})
+                    warm = _kernel_calls(module, x, window, topk, ratio, total, {})
                 torch.cuda.current_stream().wait_stream(side)
                 cuda_graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(cuda_graph):
-                    out = _kernel_calls(module, x, window, topk, ratio, {k: v for k, v in warm.items() if k != "ids"})
+                    out = _kernel_calls(module, x, window, topk, ratio, total,
+                                        {k: v for k, v in warm.items() if k != "ids"})
                 fresh, *_ = _inputs(geometry, device, seed=2)  # same shapes, new contents, as a replay's batch
                 for name, tensor in x.items():
                     tensor.copy_(fresh[name])

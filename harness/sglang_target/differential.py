@@ -45,7 +45,8 @@ def _run(target, case: Case, device_name: str) -> list[dict]:
     out = []
     for index, batch in enumerate(case.batches):
         world = build_world(case, index, sizes)
-        fb = session.load(world)
+        with device.stream(device.forward_stream):  # as the engine loads: ordered before the forward reads
+            fb = session.load(world)
         session.current_batch = fb
         outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: None, after_launch=lambda: None)
         device.synchronize()
