@@ -14,6 +14,7 @@ def program(*, event_after_read: bool) -> tuple[int, int]:
     device = make_device("cuda")
     table = torch.ones(1 << 20, device="cuda")
     seen = torch.zeros_like(table)
+    torch.cuda.synchronize()  # filled on torch's default stream, which the device's streams do not wait for
     with device.stream(device.forward_stream):
         if event_after_read:
             device.launch("snapshot", lambda: seen.copy_(table), reads={"table": None}, writes={"seen": None})

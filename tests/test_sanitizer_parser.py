@@ -20,6 +20,7 @@ from harness.sanitizer.cases import CASES
 from harness.sanitizer.command import ERROR_EXITCODE, build_command
 from harness.sanitizer.parse import OutputError, parse_summary, parse_xml
 from harness.sanitizer.runner import PlainRun, RunOutputs, judge, run_sanitized
+from harness.sanitizer.sglang_cases import PLANTED_EDITS, SGLANG_KERNELS
 from reports import writers  # noqa: F401  imported before a test empties sys.path
 
 DATA = Path(__file__).parent / "data" / "sanitizer"
@@ -361,3 +362,18 @@ def test_the_report_recorded_on_the_gpu_has_the_shape_this_code_writes():
     assert report["ok"] and report["binary"]["source"] == "PATH" and len(report["results"]) == 40
     for tool, figures in report["figures"].items():
         assert (figures["planted_found"], figures["errors_in_clean_cases"], figures["failed"]) == (1, 0, 0), tool
+
+
+def test_sglangs_kernels_recorded_on_the_gpu_clean_and_every_planted_bug_found():
+    """`sanitize --target sglang --tool all --jobs 3` on an H200 (findings cut to three a row): SGLang's
+    two kernels seen in each of its cases, no error in a clean case, each bug planted in SGLang's kernel
+    file found by its tool in the kernel it was planted in."""
+    report = json.loads((DATA / "sanitizer-sglang-h200.json").read_text())
+    assert report["ok"] and report["target"] == "sglang" and len(report["results"]) == 26
+    for row in report["results"]:
+        assert row["ok"] and row["problem"] is None, row
+        if row["case"].startswith("sglang-") and row["expected"] == "clean":
+            assert row["errors"] == 0 and row["kernels_seen"] == list(SGLANG_KERNELS)
+    planted = {r["case"]: r for r in report["results"] if r["case"].startswith("sglang-planted")}
+    assert {name: (r["tool"], r["findings"][0]["kind"], r["findings"][0]["kernel"]) for name, r in planted.items()} \
+        == {name: (tool, kind, kernel) for name, (tool, kind, kernel, _) in PLANTED_EDITS.items()}
