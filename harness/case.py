@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,47 +197,52 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _fields(cls, raw: dict, where: str) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+def _decode(cls, raw: Any, where: str):
+    """One dataclass from its JSON object, every field checked against its annotation before any work,
+    so a wrong type is named here (`case.batches[0].requests[1].extend_len`), never deep in a run."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(raw, dict):
+        raise InvalidArgument(f"{where}={raw!r}: expected an object with the fields {', '.join(names)}")
+    unknown = sorted(map(str, set(raw) - set(names)))
     if unknown:
         raise InvalidArgument(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
-    return raw
-
-
-def _mode(name: Any, where: str) -> ForwardMode:
+    hints = typing.get_type_hints(cls)
     try:
-        return ForwardMode[str(name)]
-    except KeyError:
-        raise InvalidArgument(f"{where}.mode={name!r} is not one of: {', '.join(m.name for m in ForwardMode)}") from None
+        return cls(**{name: _value(hints[name], value, f"{where}.{name}") for name, value in raw.items()})
+    except TypeError as exc:  # a required field left out
+        raise InvalidArgument(f"{where}: {exc}") from None
+
+
+def _value(kind: Any, value: Any, where: str) -> Any:
+    """A JSON value as the annotated type: an object, a list for a tuple, an enum by name, a scalar."""
+    if kind is ForwardMode:
+        return _enum(ForwardMode, value, where)
+    if kind is SpeculativeAlgorithm:
+        if not isinstance(value, str):
+            raise InvalidArgument(f"{where}={value!r}: expected the algorithm's name, a string")
+        return SpeculativeAlgorithm.parse(value)
+    if dataclasses.is_dataclass(kind):
+        return _decode(kind, value, where)
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        if not isinstance(value, list):
+            raise InvalidArgument(f"{where}={value!r}: expected a list")
+        return tuple(_value(args[0], item, f"{where}[{i}]") for i, item in enumerate(value))
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):  # `bool | None`: null is the default
+        if value is None:
+            return None
+        (kind,) = [a for a in args if a is not type(None)]
+    expected = {bool: "true or false", int: "an integer", str: "a string"}[kind]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InvalidArgument(f"{where}={value!r}: expected {expected}")
+    return value
+
+
+def _enum(enum, name: Any, where: str):
+    if isinstance(name, str) and name in enum.__members__:
+        return enum[name]
+    raise InvalidArgument(f"{where}={name!r} is not one of: {', '.join(m.name for m in enum)}")
 
 
 def _decode_case(raw: dict) -> Case:
-    raw = dict(_fields(Case, raw, "case"))
-    try:
-        if "spec" in raw:
-            raw["spec"] = SpeculativeAlgorithm.parse(str(raw["spec"]))
-        if "flags" in raw:
-            raw["flags"] = Flags(**_fields(Flags, raw["flags"], "case.flags"))
-        if "dims" in raw:
-            dims = dict(_fields(Dims, raw["dims"], "case.dims"))
-            if "layer_ratios" in dims:
-                dims["layer_ratios"] = tuple(dims["layer_ratios"])
-            raw["dims"] = Dims(**dims)
-        if "batches" in raw:
-            batches = []
-            for i, b in enumerate(raw["batches"]):
-                b = dict(_fields(Batch, b, f"case.batches[{i}]"))
-                if "mode" in b:
-                    b["mode"] = _mode(b["mode"], f"case.batches[{i}]")
-                if "requests" in b:
-                    b["requests"] = tuple(Request(**_fields(Request, r, f"case.batches[{i}].requests")) for r in b["requests"])
-                if "mutations" in b:
-                    b["mutations"] = tuple(
-                        Mutation(**_fields(Mutation, m, f"case.batches[{i}].mutations")) for m in b["mutations"]
-                    )
-                batches.append(Batch(**b))
-            raw["batches"] = tuple(batches)
-    except TypeError as exc:
-        raise InvalidArgument(f"case: {exc}") from None
-    return Case(**raw)
+    return _decode(Case, raw, "case")

@@ -26,6 +26,15 @@ def test_json_round_trip():
     ('{"colour": 1}', "unknown field"),
     ("not json", "not valid JSON"),
     ('{"graph_contract": "full"}', "fresh, bcg"),
+    # a field of the wrong type is named with what it must be, never read as something else
+    ('{"batches": [{"requests": "abc"}]}', r"case.batches\[0\].requests='abc': expected a list"),
+    ('{"batches": [{"requests": [[1, 2]]}]}', r"requests\[0\]=\[1, 2\]: expected an object with the fields"),
+    ('{"batches": [{"requests": [{"prefix_len": 1, "extend_len": "x"}]}]}', r"extend_len='x': expected an integer"),
+    ('{"flags": {"cp_active": 1}}', "case.flags.cp_active=1: expected true or false"),
+    ('{"delay_cycles": true}', "case.delay_cycles=True: expected an integer"),
+    ('{"spec": 3}', "case.spec=3: expected the algorithm's name"),
+    ('{"batches": [{"mode": 1}]}', r"case.batches\[0\].mode=1 is not one of: EXTEND"),
+    ('{"batches": [{"requests": [{"prefix_len": 1}]}]}', "missing 1 required positional argument: 'extend_len'"),
 ])
 def test_bad_case_is_named(text, needle):
     with pytest.raises(InvalidArgument, match=needle):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def harness(*args, cwd=None):
@@ -54,6 +55,13 @@ def test_bad_usage_exits_2_with_the_allowed_values(args, needle):
 def test_missing_module_target_exits_3():
     out = harness("run", "--device", "cpu", "--target", "no_such_module:factory")
     assert out.returncode == 3 and "cannot import" in out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here: --device cuda is valid")
+def test_cuda_without_a_gpu_exits_3_naming_the_device_before_any_work(tmp_path):
+    out = harness("run", "--device", "cuda", "--examples", "2", "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 3 and "--device cuda: no CUDA device is visible" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "r").exists()
 
 
 def test_triage_reports_the_missing_attribute_with_its_line(tmp_path):

@@ -16,13 +16,17 @@ __all__ = ["Device", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice",
 
 
 def resolve_device(name: str) -> str:
-    """`auto` picks CUDA when a device is present."""
+    """`auto` picks CUDA when a device is present; `cuda` without one is refused here, before any work."""
     if name not in ("cpu", "cuda", "auto"):
         raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
-    if name == "auto":
-        import torch
+    if name == "cpu":
+        return name
+    import torch
 
+    if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     return name
 
 
@@ -31,10 +35,6 @@ def make_device(name: str, *, schedule: str = "adversarial", observe: bool = Fal
     kind = resolve_device(name)
     if kind == "cpu":
         return SimDevice(schedule=schedule, observe=observe)
-    import torch
-
-    if not torch.cuda.is_available():
-        raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     from harness.device.cuda import CudaDevice
 
     return CudaDevice(observe=observe)
