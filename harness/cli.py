@@ -14,12 +14,13 @@ import random
 import shutil
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional
 
 from harness import nightly
 from harness.campaign import PROFILES, keeps_database, run_campaign
-from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
+from harness.errors import INTERNAL_ERROR_EXIT, EnvironmentBroken, HarnessError, InvalidArgument, describe_internal_error
 from harness.example_db import check_shared
 from harness.interrupts import EXIT_INTERRUPTED, stop_on_signals
 from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
@@ -167,6 +168,10 @@ def main(argv=None) -> int:
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:  # noqa: BLE001  the harness's own bug: reported as such, never as exit 1 ("found")
+        traceback.print_exc()
+        print(describe_internal_error(exc), file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
 
 
 def _semantics(value: str) -> str:

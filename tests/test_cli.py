@@ -9,6 +9,9 @@ import sys
 import pytest
 import torch
 
+from harness import cli
+from harness.errors import INTERNAL_ERROR_EXIT
+
 
 def harness(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
@@ -73,3 +76,15 @@ def test_triage_reports_the_missing_attribute_with_its_line(tmp_path):
     report = json.loads((tmp_path / "broken" / "triage.json").read_text())
     (first,) = report["contract_breaks"]
     assert first["attribute"] == "token_to_kv_pool" and first["file"].endswith("model/backend.py")
+
+
+def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
+    """An exception the harness did not raise on purpose is its own bug: 1 would say "found"."""
+    def broken(args):
+        raise KeyError("no_such_field")
+
+    monkeypatch.setattr(cli, "cmd_replay", broken)
+    assert cli.main(["replay", "--case", "{}"]) == INTERNAL_ERROR_EXIT == 5
+    err = capsys.readouterr().err
+    assert "internal error: the harness itself failed (not the system under test), exit 5: KeyError" in err
+    assert "tests/test_cli.py" in err and "in broken" in err
