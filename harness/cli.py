@@ -453,7 +453,11 @@ def cmd_triage(args) -> int:
     semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
                  else _semantics(args.semantics))
     session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
-    breaks = check_object(session.model_runner.attn_backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
+    backend = getattr(getattr(session, "model_runner", None), "attn_backend", None)
+    if backend is None:
+        raise InvalidArgument(f"triage --target {args.target}: its session has no model_runner.attn_backend, the "
+                              f"object triage checks; give a target whose session exposes its attention backend")
+    breaks = check_object(backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
     for b in breaks:
         print(f"[contract] {b}")
     static = static_check.static_section(static_check.check_classes(static_check.triage_classes(session)))

@@ -197,13 +197,6 @@ def _exit_status(returncode: int) -> str:
     return f"exited with status {returncode}" + (" without answering" if returncode == 0 else "")
 
 
-def run_isolated(case: Case, device_name: str = "cpu", *, timeout_s: float = CASE_TIMEOUT_S,
-                 **kwargs) -> IsolatedResult:
-    """One case in a child of its own; `kwargs` as `IsolatedRunner.run_case`."""
-    with IsolatedRunner(timeout_s=timeout_s) as runner:
-        return runner.run_case(case, device_name, **kwargs)
-
-
 def _serve(request: dict) -> dict:
     from harness.engine import run_case
     from harness.target import load_target

@@ -84,9 +84,6 @@ class BatchWorld:
             self._blocks[key] = self.latents[r][layer, : n * ratio].reshape(n, ratio, self.dims.head_dim).mean(dim=1)
         return self._blocks[key]
 
-    def compressed(self, r: int, layer: int, ratio: int, block: int) -> torch.Tensor:
-        return self.block_means(r, layer, ratio)[block]
-
 
 def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
     batch, dims = case.batches[index], case.dims

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import harness.target
 from harness import cli
 from harness.errors import INTERNAL_ERROR_EXIT
 
@@ -88,3 +90,11 @@ def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "internal error: the harness itself failed (not the system under test), exit 5: KeyError" in err
     assert "tests/test_cli.py" in err and "in broken" in err
+
+
+def test_triage_of_a_target_without_an_attention_backend_names_what_is_missing(monkeypatch, capsys, tmp_path):
+    """Once an AttributeError traceback; triage checks the session's `model_runner.attn_backend`."""
+    bare = SimpleNamespace(name="bare", open=lambda case, device: SimpleNamespace(model_runner=SimpleNamespace()))
+    monkeypatch.setattr(harness.target, "load_target", lambda spec, mutant=None: bare)
+    assert cli.main(["triage", "--device", "cpu", "--report-dir", str(tmp_path)]) == 2
+    assert "its session has no model_runner.attn_backend" in capsys.readouterr().err

@@ -83,7 +83,3 @@ class SharedReadEnds(enum.IntEnum):
     IN_REPLAY = 2
     POST_REPLAY = 3
     UNKNOWN = 4
-
-    @staticmethod
-    def max_of(items) -> "SharedReadEnds":
-        return max(items, default=SharedReadEnds.UNKNOWN)

@@ -54,9 +54,6 @@ class DSV4TokenToKVPool:
         # HiSparse translates full slots to its own device slots in every layer (identity when resident).
         self.full_to_hisparse = torch.arange(size, dtype=torch.int64, device=device)
 
-    def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
-        return self.full_to_swa_index_mapping[loc]
-
 
 @dataclass
 class ForwardBatch:
