@@ -20,9 +20,9 @@ from typing import Optional
 
 from harness import nightly
 from harness.campaign import PROFILES, keeps_database, run_campaign
-from harness.errors import INTERNAL_ERROR_EXIT, EnvironmentBroken, HarnessError, InvalidArgument, describe_internal_error
+from harness.errors import EnvironmentBroken, ExitCode, HarnessError, InvalidArgument, describe_internal_error
 from harness.example_db import check_shared
-from harness.interrupts import EXIT_INTERRUPTED, stop_on_signals
+from harness.interrupts import stop_on_signals
 from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
 from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
@@ -37,7 +37,6 @@ from reports.folder import SUMMARY, load_folder
 from reports.merge import merge_summaries
 from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.print_usage(sys.stderr)
         print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(ExitCode.USAGE)
 
 
 def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
@@ -171,7 +170,7 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001  the harness's own bug: reported as such, never as exit 1 ("found")
         traceback.print_exc()
         print(describe_internal_error(exc), file=sys.stderr)
-        return INTERNAL_ERROR_EXIT
+        return ExitCode.INTERNAL
 
 
 def _semantics(value: str) -> str:
@@ -264,8 +263,8 @@ def cmd_run(args) -> int:
     print(f"summary: {report_dir / ('replay-summary.json' if args.from_db else SUMMARY)}")
     print(f"page: {report_dir / 'index.html'}")
     if summary["findings"]:
-        return EXIT_FOUND
-    return EXIT_INTERRUPTED if summary["interrupted"] else EXIT_OK
+        return ExitCode.FOUND
+    return ExitCode.INTERRUPTED if summary["interrupted"] else ExitCode.OK
 
 
 def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracles, verbosity, report_dir,
@@ -332,7 +331,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
         codes, wall_s = processes.wait()
         sources = []
         for worker, code in zip(workers, codes, strict=True):
-            if code not in (EXIT_OK, EXIT_FOUND, EXIT_INTERRUPTED) or not (worker.folder / SUMMARY).is_file():
+            if code not in (ExitCode.OK, ExitCode.FOUND, ExitCode.INTERRUPTED) or not (worker.folder / SUMMARY).is_file():
                 log = (worker.folder / "output.log").read_text(errors="replace").strip()[-1500:]
                 raise EnvironmentBroken(f"worker {worker.name} (shard {worker.shard}) exited {code} without a "
                                         f"campaign summary; its output ends:\n{log or '(nothing)'}")
@@ -390,7 +389,7 @@ def cmd_replay(args) -> int:
     for finding in result.findings:
         print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
     print(f"{len(result.findings)} finding(s)")
-    return EXIT_FOUND if result.findings else EXIT_OK
+    return ExitCode.FOUND if result.findings else ExitCode.OK
 
 
 def cmd_explore(args) -> int:
@@ -411,7 +410,7 @@ def cmd_explore(args) -> int:
           f"{len(outcome.failing)} with findings{' (' + per_oracle + ')' if per_oracle else ''}")
     for schedule, finding in outcome.failing[:10]:
         print(f"  forced:{schedule}  [{finding.oracle}/{finding.kind}] {finding.message}")
-    return EXIT_FOUND if outcome.failing else EXIT_OK
+    return ExitCode.FOUND if outcome.failing else ExitCode.OK
 
 
 def cmd_mutants(args) -> int:
@@ -421,7 +420,7 @@ def cmd_mutants(args) -> int:
     if args.list:
         for m in MUTANTS.values():
             print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
-        return EXIT_OK
+        return ExitCode.OK
     semantics = _semantics(args.semantics)
     shard = Shard.parse(args.shard)
     report_dir = Path(args.report_dir)
@@ -473,7 +472,7 @@ def cmd_triage(args) -> int:
     print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
           f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "
           f"report: {Path(args.report_dir) / 'triage.json'}")
-    return EXIT_FOUND if breaks or static["static_breaks"] or result.findings else EXIT_OK
+    return ExitCode.FOUND if breaks or static["static_breaks"] or result.findings else ExitCode.OK
 
 
 def cmd_csan(args) -> int:
@@ -494,4 +493,4 @@ def cmd_csan(args) -> int:
         print(f"    replay: {d['replay']}")
     print(f"report: {Path(args.report_dir) / 'csan.json'}")
     found = summary["differential_findings"] or any(v != "agree-clean" for v in summary["verdicts"])
-    return EXIT_FOUND if found else EXIT_OK
+    return ExitCode.FOUND if found else ExitCode.OK

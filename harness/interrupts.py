@@ -6,7 +6,7 @@ KeyboardInterrupt cannot promise that: it is raised wherever the interpreter hap
 measured landing in a garbage-collector callback, where it was swallowed and the campaign ran on to
 its end. So the handler here only sets a flag, which the campaign reads between cases. A second
 signal means "now": the handler calls `on_second` (to pass the signal on to child processes) and
-exits at once with `EXIT_INTERRUPTED`.
+exits at once with `ExitCode.INTERRUPTED`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
-EXIT_INTERRUPTED = 4
+from harness.errors import ExitCode
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -45,7 +46,7 @@ class StopRequest:
         if self.requested:
             self._on_second(signum)
             os.write(2, f"\n{signal.Signals(signum).name} again: exiting at once\n".encode())
-            os._exit(EXIT_INTERRUPTED)
+            os._exit(ExitCode.INTERRUPTED)
         self.signal_name = signal.Signals(signum).name
         os.write(2, (f"\n{self.signal_name}: stopping after the case in flight and writing the report "
                      f"(send it again to exit at once)\n").encode())

@@ -18,16 +18,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.errors import InvalidArgument
+from harness.errors import ExitCode, InvalidArgument
 from harness.example_db import check_shared
-from harness.interrupts import EXIT_INTERRUPTED, StopRequest, stop_on_signals
+from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
 from reports.folder import MUTANTS, NIGHTLY, SUMMARY
 from reports.writers import refuse_other_runs, write_json_atomically
 
 STEPS = ("pytest", "campaign", "mutants", "sanitize")
-EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
 
 @dataclass
@@ -95,14 +94,14 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
                             and step_process.send_signal(signum))
         step.exit_code = proc.wait()
         step.seconds = round(time.perf_counter() - began, 1)
-        step.outcome = {EXIT_OK: "clean", EXIT_FOUND: "found", EXIT_INTERRUPTED: "interrupted"}.get(step.exit_code,
+        step.outcome = {ExitCode.OK: "clean", ExitCode.FOUND: "found", ExitCode.INTERRUPTED: "interrupted"}.get(step.exit_code,
                                                                                                    "broken")
         if stop is not None and stop.requested and step.outcome == "broken" and step.exit_code < 0:
             step.outcome = "interrupted"  # a step that does not catch the signal (pytest) dies of it
         log(f"[{step.name}] {step.outcome} (exit {step.exit_code}, {step.seconds}s)")
     outcomes = {s.outcome for s in steps}
-    return (EXIT_ENV if "broken" in outcomes else EXIT_FOUND if "found" in outcomes
-            else EXIT_INTERRUPTED if "interrupted" in outcomes else EXIT_OK)
+    return (ExitCode.BROKEN if "broken" in outcomes else ExitCode.FOUND if "found" in outcomes
+            else ExitCode.INTERRUPTED if "interrupted" in outcomes else ExitCode.OK)
 
 
 def add_parser(sub) -> None:
@@ -164,9 +163,9 @@ def _render_and_judge(report_dir: Path, code: int, device: str) -> int:
     began = time.time()
     rendered = subprocess.run([sys.executable, "-m", "harness", "report", str(report_dir)]).returncode
     index = report_dir / "index.html"
-    if rendered == EXIT_USAGE or not index.is_file() or index.stat().st_mtime < began - 1:
+    if rendered == ExitCode.USAGE or not index.is_file() or index.stat().st_mtime < began - 1:
         print(f"error: the report could not be rendered (exit {rendered}): see the message above", file=sys.stderr)
-        code = EXIT_ENV
+        code = ExitCode.BROKEN
     else:
         code = max(code, rendered)
     print(f"nightly: exit {code}; report: {report_dir / 'index.html'}; replay the campaign's failures with: "

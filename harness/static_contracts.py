@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.errors import EnvironmentBroken
+from harness.errors import EnvironmentBroken, ExitCode
 from harness.sglang_target import _api
 from harness.triage import _short
 
@@ -659,7 +659,6 @@ def static_section(reports: list[StaticReport]) -> dict:
 def static_triage(args) -> int:
     """`triage --static-only`: the source check alone (no object built, no campaign). With --target sglang the
     modules are imported by name, so it also runs on versions the target cannot drive."""
-    from harness.cli import EXIT_FOUND, EXIT_OK
     from reports.writers import write_json_atomically
 
     missing: list[str] = []
@@ -681,4 +680,4 @@ def static_triage(args) -> int:
     write_json_atomically(path, {"target": name, "static_only": True, "static_missing_modules": missing, **section})
     print(f"{len(section['static_breaks'])} static break(s) in {len(classes)} classes"
           f"{f' ({len(missing)} module(s) absent: ' + ', '.join(missing) + ')' if missing else ''}; report: {path}")
-    return EXIT_FOUND if section["static_breaks"] else EXIT_OK
+    return ExitCode.FOUND if section["static_breaks"] else ExitCode.OK

@@ -31,7 +31,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.sglang_target._api import BACKEND
 
 BACKEND_FILE = BACKEND.replace(".", "/") + ".py"
@@ -376,7 +376,6 @@ def inner_triage(*, examples: int, device: str, root: Path) -> Triage:
 
 def triage_versions(args) -> int:
     """`python -m harness triage --versions ...`: print each version's verdict and the first failing one."""
-    from harness.cli import EXIT_FOUND, EXIT_OK
     from reports.writers import write_json_atomically
 
     versions = parse_versions(args.versions)
@@ -396,4 +395,4 @@ def triage_versions(args) -> int:
     else:
         print(f"no failing version among {', '.join(versions)}")
     print(f"report: {report_dir / 'versions.json'}")
-    return EXIT_FOUND if outcome.first_failing else EXIT_OK
+    return ExitCode.FOUND if outcome.first_failing else ExitCode.OK

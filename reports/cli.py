@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import EnvironmentBroken
+from harness.errors import EnvironmentBroken, ExitCode
 from reports import junit
 from reports.folder import load_folder
 from reports.verdict import BROKEN, FOUND, Verdict, judge
 
-EXIT_CODES = {FOUND: 1, BROKEN: 3}  # CLEAN: 0; the harness's codes for "found" and "cannot vouch"
+EXIT_CODES = {FOUND: ExitCode.FOUND, BROKEN: ExitCode.BROKEN}  # CLEAN: ExitCode.OK
 
 
 def render_folder(path: Path, pytest_junit: Path | None = None,
@@ -51,4 +51,4 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}")
     print(f"{verdict.status}: {verdict.reason}")
-    return EXIT_CODES.get(verdict.status, 0)
+    return EXIT_CODES.get(verdict.status, ExitCode.OK)

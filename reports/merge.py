@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.coverage import merge_tables
-from harness.errors import InvalidArgument
+from harness.errors import ExitCode, InvalidArgument
 from reports.cli import EXIT_CODES, render_folder
 from reports.folder import (CLEAN_REFERENCE, EXAMPLES, KERNEL, MUTANTS, NIGHTLY, PYTEST_JUNIT, SANITIZER, SUMMARY,
                             TRIAGE, VERSIONS, ReportError, ReportFolder, load_folder)
@@ -258,4 +258,4 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}")
     print(f"{verdict.status}: {verdict.reason}")
-    return EXIT_CODES.get(verdict.status, 0)
+    return EXIT_CODES.get(verdict.status, ExitCode.OK)

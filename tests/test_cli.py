@@ -12,7 +12,7 @@ import torch
 
 import harness.target as targets
 from harness import cli
-from harness.errors import INTERNAL_ERROR_EXIT
+from harness.errors import ExitCode
 
 
 def harness(*args, cwd=None):
@@ -86,7 +86,7 @@ def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
         raise KeyError("no_such_field")
 
     monkeypatch.setattr(cli, "cmd_replay", broken)
-    assert cli.main(["replay", "--case", "{}"]) == INTERNAL_ERROR_EXIT == 5
+    assert cli.main(["replay", "--case", "{}"]) == ExitCode.INTERNAL == 5
     err = capsys.readouterr().err
     assert "internal error: the harness itself failed (not the system under test), exit 5: KeyError" in err
     assert "tests/test_cli.py" in err and "in broken" in err

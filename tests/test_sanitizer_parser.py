@@ -340,8 +340,8 @@ def test_sanitize_command_writes_the_report_and_exits_by_verdict(replaying, tmp_
     assert report["figures"]["racecheck"]["planted_found"] == 1
     assert (tmp_path / "sanitizer" / row["raw"]["xml"]).is_file()
 
-    replaying("racecheck-planted-clean")  # the planted race not reported: exit 1
-    assert main(["sanitize", "--tool", "racecheck", "planted-race", "--report-dir", str(tmp_path)]) == 1
+    replaying("racecheck-planted-clean")  # the planted race not reported: the run cannot vouch, exit 3
+    assert main(["sanitize", "--tool", "racecheck", "planted-race", "--report-dir", str(tmp_path)]) == 3
 
 
 def test_sanitize_command_bad_input_and_missing_binary(bare_machine, tmp_path):

@@ -5,9 +5,10 @@
 with bugs planted in a copy of SGLang's kernel file (`sglang_cases.py`). Both end with the tools'
 positive controls (`planted.py`).
 
-Exit 0 when every clean case is clean and every planted bug was found; 1 when a clean case has a
-finding, a planted bug was missed, or a run proved nothing (timeout, missing output, a kernel that
-never ran); 3 when compute-sanitizer is not installed. Writes DIR/sanitizer.json and keeps the
+Exit 0 when every clean case is clean and every planted bug was found; 1 (found) when a clean case has
+a finding; otherwise 3 (broken) when a planted bug was missed or a run proved nothing (timeout, missing
+output, a kernel that never ran), or compute-sanitizer is not installed: the page's verdict, from the
+same rule (`reports.verdict.sanitizer_outcome`). Writes DIR/sanitizer.json and keeps the
 sanitizer's own XML and logs under DIR/sanitizer/.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 
 TOOL_CHOICES = ("racecheck", "synccheck", "memcheck", "initcheck", "all")
 TARGETS = ("reference", "sglang")
@@ -90,6 +91,7 @@ def run(args) -> int:
     from harness.sanitizer.binary import find_sanitizer
     from harness.sanitizer.runner import run_all
     from harness.sanitizer.sglang_cases import kernel_module
+    from reports.verdict import BROKEN, FOUND, sanitizer_outcome
     from reports.writers import write_json_atomically
 
     tools, cases = _select(args)
@@ -117,4 +119,5 @@ def run(args) -> int:
               f"planted found {row['planted_found']}; median slowdown x{row['median_slowdown']} "
               f"(max x{row['max_slowdown']}, kernel body x{row['median_body_slowdown']})")
     print(f"{'all ok' if ok else 'FAILED'}: {report_dir / REPORT_NAME}")
-    return 0 if ok else 1
+    outcomes = {sanitizer_outcome(r.as_dict())[0] for r in results}
+    return ExitCode.FOUND if FOUND in outcomes else ExitCode.BROKEN if BROKEN in outcomes else ExitCode.OK
