@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.case import Batch, Case, Flags, Mutation, Request
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.mutants import mutant_target
+from harness.sglang_target.differential import describe_difference
 from harness.target import ReferenceTarget
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
@@ -129,3 +131,12 @@ def test_contract_oracle_reports_each_static_break_of_a_target():
     [finding] = run_case(Broken(ReferenceTarget()), PLAIN, oracles=only).findings
     assert finding.oracle == "contract" and "Backend.token_to_kv_pool" in finding.message and "b.py:9" in finding.message
     assert run_case(ReferenceTarget(), PLAIN, oracles=only).findings == []
+
+
+def test_the_reference_oracles_difference_names_the_first_differing_entry():
+    """A 12x128 index table once came back whole in the message; now the first difference, its row."""
+    real, model = torch.full((12, 128), -1), torch.full((8, 128), -1)
+    assert describe_difference(real, model) == ("equal where both have entries; sglang has more, from row 8: "
+                                      f"{[-1] * 16} (shapes (12, 128) / (8, 128))")
+    model[3, 5] = 7
+    assert describe_difference(real, model).startswith("first at [3, 5]: sglang -1 vs reference 7; that row: sglang [-1,")

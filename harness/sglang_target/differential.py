@@ -88,6 +88,26 @@ def _trim_skipped_columns(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tenso
     return x, y
 
 
+def describe_difference(x: torch.Tensor, y: torch.Tensor) -> str:
+    """Where two integer tensors first differ, in a line a person can read: the shapes, the first index
+    whose values differ (or where one ends), and the first row of each there."""
+    shapes = f"shapes {tuple(x.shape)} / {tuple(y.shape)}"
+    if x.dim() != y.dim():
+        return f"sglang {x.flatten().tolist()[:16]} vs reference {y.flatten().tolist()[:16]} ({shapes})"
+    common = tuple(min(a, b) for a, b in zip(x.shape, y.shape))
+    region = tuple(slice(0, n) for n in common)
+    unequal = (x[region] != y[region]).nonzero()
+    if len(unequal):
+        at = tuple(unequal[0].tolist())
+        row = at[:1]
+        return (f"first at {list(at)}: sglang {x[at].item()} vs reference {y[at].item()}; that row: sglang "
+                f"{x[row].flatten().tolist()[:16]} vs reference {y[row].flatten().tolist()[:16]} ({shapes})")
+    extra, longer = (x, "sglang") if x.numel() > y.numel() else (y, "reference")
+    first_extra = common[0] if x.shape[0] != y.shape[0] else 0
+    return (f"equal where both have entries; {longer} has more, from row {first_extra}: "
+            f"{extra[first_extra:].flatten().tolist()[:16]} ({shapes})")
+
+
 def _first(notes, kind) -> Optional[dict]:
     for k, data in notes:
         if k == kind:
@@ -126,8 +146,7 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
             for name in CACHE_FIELDS:
                 x, y = _trim_skipped_columns(ca[name], cb[name])
                 if x.shape != y.shape or not torch.equal(x, y):
-                    differ(name, index, f"sglang {x.tolist()[:16]} vs reference {y.tolist()[:16]}"
-                                        f" (shapes {tuple(x.shape)} / {tuple(y.shape)})")
+                    differ(name, index, describe_difference(x, y))
         oa, ob = a["outputs"].get("attention"), b["outputs"].get("attention")
         if (oa is None) != (ob is None):
             differ("attention", index, "present in one target only")
