@@ -6,7 +6,10 @@ folder, the one file is rewritten there, and `python -m harness run --target sgl
 copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean
 copy is flagged.
 
-    python benchmarks/sglang_source_mutants.py [--examples N] [--device cpu|cuda] [--only A,B] [--out FILE]
+    python benchmarks/sglang_source_mutants.py [--examples N] [--device cpu|cuda] [--only A,B] [--no-seeds] [--out FILE]
+
+`--no-seeds` runs every campaign without the hand-written seed cases, so the table measures what the
+fuzzer draws.
 
 Needs sglang 0.5.23 installed in this environment (the CI's `.venv-sglang`).
 """
@@ -231,7 +234,8 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
     report = out / name
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "harness", "run", "--target", "sglang", "--device", args.device,
-               "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink"]
+               "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink"] + (
+                  ["--no-seeds"] if args.no_seeds else [])
     began = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -254,7 +258,7 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
     findings = summary.get("findings", [])
     first = summary.get("first_detection") or {}
     row.update(cases=summary.get("cases"), findings=len(findings), examples_to_detect=first.get("examples"),
-               seconds_to_detect=first.get("seconds"),
+               seconds_to_detect=first.get("seconds"), found_on_seed=summary.get("found_on_seed"),
                oracle=findings[0].get("oracle") if findings else None,
                finding=findings[0].get("message", "")[:160] if findings else None,
                replay=findings[0].get("replay") if findings else None)
@@ -267,6 +271,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--only", default=None, help="comma-separated mutant names")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per campaign")
+    parser.add_argument("--no-seeds", action="store_true",
+                        help="draw every case of each campaign: skip the hand-written seed cases")
     parser.add_argument("--out", default="benchmarks/sglang_source_mutants.json")
     args = parser.parse_args()
     if args.examples < 1:
@@ -306,7 +312,8 @@ def main() -> int:
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
     print(f"\n{killed}/{len(rows)} source mutants found; clean copy: 0 findings")  # an unclean copy returned above
     with open(args.out, "w") as fh:
-        json.dump({"device": args.device, "examples": args.examples, "clean": clean, "rows": rows}, fh, indent=1)
+        json.dump({"device": args.device, "examples": args.examples, "seeds": not args.no_seeds, "clean": clean,
+                   "rows": rows}, fh, indent=1)
     return 0 if killed == len(rows) else 1
 
 

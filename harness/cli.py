@@ -147,6 +147,9 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     mutants.add_argument("--list", action="store_true", help="print the mutants, one a line, and exit")
     mutants.add_argument("--no-seeds", action="store_true",
                          help="draw every case of each campaign: skip the hand-written seed cases")
+    mutants.add_argument("--seed", type=int, default=None,
+                         help="hypothesis seed of every campaign (none given: the ci profile's fixed stream); another "
+                              "seed shows whether a kill depends on one stream")
     sanitize_cli.add_parser(sub)
     report_cli.add_parser(sub)
     merge.add_parser(sub)
@@ -426,7 +429,7 @@ def cmd_mutants(args) -> int:
     report_dir = Path(args.report_dir)
     refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)
     return run_kill_table(device=args.device, examples=args.examples, semantics=semantics, report_dir=report_dir,
-                          only=args.only, shard=shard, seeds=not args.no_seeds)
+                          only=args.only, shard=shard, seeds=not args.no_seeds, seed=args.seed)
 
 
 def cmd_triage(args) -> int:

@@ -23,10 +23,12 @@ CUDA_CAMPAIGN_TIMEOUT_S = 300
 
 
 def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23", only=None,
-               progress=lambda line: None, shard: Shard = WHOLE, seeds: bool = True) -> tuple[dict | None, list[dict]]:
+               progress=lambda line: None, shard: Shard = WHOLE, seeds: bool = True,
+               seed: int | None = None) -> tuple[dict | None, list[dict]]:
     """The clean reference's row (None outside shard 1: it runs once per table) and the mutants' rows,
     those of `shard`'s part of the mutant list. `seeds` False: every campaign draws all its cases, so
-    the table measures the fuzzer, not the hand-written seed cases."""
+    the table measures the fuzzer, not the hand-written seed cases. `seed`: every campaign's hypothesis
+    seed (None: the `ci` profile's fixed stream)."""
     names = list(MUTANTS)
     if only:
         names = [n.strip() for n in only.split(",") if n.strip()]
@@ -37,18 +39,18 @@ def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.
     with_clean = shard.index == 1
     if device == "cuda":
         return _kill_table_isolated(names, examples=examples, semantics=semantics, progress=progress,
-                                    with_clean=with_clean, seeds=seeds)
+                                    with_clean=with_clean, seeds=seeds, seed=seed)
     rows = []
-    clean_row = _clean_row(device, examples, semantics, progress, seeds) if with_clean else None
+    clean_row = _clean_row(device, examples, semantics, progress, seeds, seed) if with_clean else None
     for name in names:
-        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics, seeds=seeds))
+        rows.append(judge_mutant(name, device=device, examples=examples, semantics=semantics, seeds=seeds, seed=seed))
         progress(_line(rows[-1]))
     return clean_row, rows
 
 
-def _clean_row(device: str, examples: int, semantics: str, progress, seeds: bool) -> dict:
+def _clean_row(device: str, examples: int, semantics: str, progress, seeds: bool, seed: int | None) -> dict:
     clean = run_campaign(ReferenceTarget(), device=device, semantics=semantics, examples=examples, shrink=False,
-                         seeds=seeds)
+                         seeds=seeds, seed=seed)
     broken = run_probes(ReferenceTarget())
     clean_row = {"name": "(clean reference)", "cases": clean.cases, "findings": len(clean.findings) + len(broken),
                  "finding": clean.findings[0].message if clean.findings else (broken[0] if broken else None)}
@@ -57,12 +59,12 @@ def _clean_row(device: str, examples: int, semantics: str, progress, seeds: bool
 
 
 def judge_mutant(name: str, *, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23",
-                 seeds: bool = True) -> dict:
+                 seeds: bool = True, seed: int | None = None) -> dict:
     """One row of the table: the campaign against the mutant, then the contract probes."""
     m = MUTANTS[name]
     target = mutant_target(name)
     r = run_campaign(target, target_spec="reference", device=device, semantics=semantics, examples=examples,
-                     mutant=name, seeds=seeds)
+                     mutant=name, seeds=seeds, seed=seed)
     return _row(m, [f.oracle for f in r.findings], r.first_detection_examples, r.first_detection_seconds,
                 r.minimal.case.summary() if r.minimal else None, r.minimal.replay if r.minimal else None,
                 run_probes(target))
@@ -86,14 +88,14 @@ def _line(row: dict) -> str:
 
 
 def _kill_table_isolated(names, *, examples: int, semantics: str, progress, with_clean: bool,
-                         seeds: bool) -> tuple[dict | None, list[dict]]:
+                         seeds: bool, seed: int | None) -> tuple[dict | None, list[dict]]:
     """On CUDA each campaign runs in its own process: a mutant that kills the CUDA context (an
     illegal access, a device-side assert) is a finding, not the end of the table."""
     def campaign(mutant):
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable, "-m", "harness", "run", "--device", "cuda", "--examples", str(examples),
                    "--semantics", semantics, "--report-dir", tmp] + (["--mutant", mutant] if mutant else []) + (
-                [] if seeds else ["--no-seeds"])
+                [] if seeds else ["--no-seeds"]) + ([] if seed is None else ["--seed", str(seed)])
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CUDA_CAMPAIGN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -126,9 +128,9 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress, with
 
 
 def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Path, only=None,
-                   shard: Shard = WHOLE, seeds: bool = True) -> int:
+                   shard: Shard = WHOLE, seeds: bool = True, seed: int | None = None) -> int:
     clean, rows = kill_table(device=device, examples=examples, semantics=semantics, only=only, shard=shard, seeds=seeds,
-                             progress=lambda line: print(line, flush=True))
+                             seed=seed, progress=lambda line: print(line, flush=True))
 
     def build(folder: Path) -> None:
         if clean is not None:
@@ -148,7 +150,7 @@ def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Pa
         examples_to_detect = [r["examples_to_detect"] for r in by_campaign]
         print(f"time to detection: median {statistics.median(seconds):.2f}s, worst {max(seconds):.2f}s; "
               f"examples: median {statistics.median(examples_to_detect)}, worst {max(examples_to_detect)}"
-              f"{' (no seed cases)' if not seeds else ''}; "
+              f"{' (no seed cases)' if not seeds else ''}{f' (seed {seed})' if seed is not None else ''}; "
               f"{len(killed) - len(by_campaign)} killed by a contract probe alone")
     print(f"table: {report_dir / 'mutants.json'}", file=sys.stderr)
     print(f"page: {report_dir / 'index.html'}")

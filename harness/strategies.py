@@ -11,6 +11,13 @@ real head counts.
 Each case also draws a swarm (Groce et al., "Swarm testing"): groups of modes, spec families, gates
 and mutation kinds switched on or off together, so a case often has few features and the rare
 combinations of the ones it has are reached.
+
+Publication is decided by a conjunction (`harness.policy.expected_publish`): the case's gates and
+speculative algorithm, each batch's mode and graph contract. A case closes at most one of its own
+conditions and leaves every other at the value that publishes, and its first batch is an EXTEND
+that would then publish: the closed condition is the sole cause of the decision (the unique-cause
+rule of MC/DC). A bug in one gate shows only where that gate alone decides; drawn independently,
+a closed gate was almost always masked by another condition that closed publication as well.
 """
 
 from __future__ import annotations
@@ -32,13 +39,22 @@ _SPECS = {
     "pr": [S.DFLASH, S.DFLASH, S.DSPARK, S.NONE, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
 }
 # Swarm groups: a case switches each group on or off; a case that switches all off keeps all. The
-# publishing specs (none and the DFLASH family) stay on: without them no batch publishes, and most
-# bugs are in what publication lets the scheduler do.
-_SPEC_FAMILIES = {"eagle": {S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE}, "ngram": {S.NGRAM}}
-_PUBLISHING_SPECS = {S.NONE, S.DFLASH, S.DSPARK}
+# spec families choose among the algorithms that close publication (a case whose closed condition is
+# its spec); the publishing ones are the only choice of every other case.
+_SPEC_FAMILIES = {"eagle": {S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE}, "ngram": {S.NGRAM}, "none": {S.NONE}}
 _MODE_GROUPS = {"extend": {ForwardMode.EXTEND}, "mixed": {ForwardMode.MIXED},
                 "speculative": {ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND},
                 "decode": {ForwardMode.DECODE, ForwardMode.IDLE}}
+# The condition a case closes: none ("open"), one gate, its spec, or (for its graph replays) the
+# breakable-graph contract; each about as often as the others, open twice as often (most bugs are in
+# what publication lets the scheduler do, and the threshold cases are open too). Hypothesis clones
+# each new example about five times with its case-level choices kept, so a campaign of 300 draws
+# only some 60 of these: each must be likely enough to be drawn in them. The three KV-offload
+# switches are one gate (`Flags.offloads_kv`): one entry, then one of the three.
+KV_OFFLOAD = ("hierarchical_cache", "hicache_storage", "lmcache")
+CLOSED_CONDITIONS = ["open", "open", "spec", "READ_DONE off", "coarse barrier", "cp_active", "hisparse", "KV offload",
+                     "bcg"]
+_GATE_FLAGS = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse"}
 
 # tokens x layers x heads a drawn geometry may reach: `ci` reaches the threshold with one small layer,
 # `nightly` real head counts (64) at a few thousand tokens.
@@ -65,21 +81,24 @@ def _rare(weight: int = 8):
     return st.sampled_from([False] * (weight - 1) + [True])
 
 
-_GATES = [None] * 5 + ["cp_active", "hisparse", "hierarchical_cache", "hicache_storage", "lmcache",
-                      "SGLANG_FORCE_COARSE_WAR_BARRIER"]
+def publishes(spec: SpeculativeAlgorithm, semantics: str) -> bool:
+    """Whether `spec` lets an EXTEND batch publish when every gate is open (the spec rules of
+    `harness.policy.expected_publish`)."""
+    return spec.is_dflash_family() if semantics == "pr" else spec.supports_prefill_shared_read_done()
 
 
 @st.composite
-def flags(draw, semantics: str, *, gates_on: bool = True, hisparse_wanted: bool = False) -> Flags:
-    """At most one gate switch on, so that each gate is often drawn alone and half the cases keep all
-    open; `gates_on` False (the swarm switched the gates off) keeps them all open. `hisparse_wanted`:
-    the swarm switched HiSparse eviction on, which only a HiSparse case can run."""
-    enable = draw(st.sampled_from([True] * 6 + [None, False]) if semantics == "pr"
-                  else st.sampled_from([None] * 6 + [True, False]))
-    # the swarm switched the gates on: one is closed in most cases, each about as often as the others
-    gate = draw(st.sampled_from(_GATES[4:] + ["hisparse"] * (4 if hisparse_wanted else 0))) if gates_on else None
+def flags(draw, semantics: str, closed: str = "open") -> Flags:
+    """The switches of a case whose only closed condition is `closed`: a gate ("READ_DONE off", a
+    flag, "KV offload"), or anything else for all gates open. READ_DONE on or off is given explicitly
+    or left to the semantics' default, whichever says the same."""
+    read_done = closed != "READ_DONE off"
+    default = semantics != "pr"
+    enable = draw(st.sampled_from([read_done] * 3 + ([None] if default == read_done else [])))
+    gate = draw(st.sampled_from(KV_OFFLOAD)) if closed == "KV offload" else _GATE_FLAGS.get(closed)
     return Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=enable,
-                 SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=draw(st.sampled_from([True, True, False])), **({gate: True} if gate else {}))
+                 SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=draw(st.sampled_from([True, True, False])),
+                 **({gate: True} if gate else {}))
 
 
 @st.composite
@@ -92,9 +111,15 @@ def mutations(draw, *, hisparse: bool, kinds_on=MUTATION_KINDS) -> tuple[Mutatio
     return tuple(out)
 
 
-def requests(max_requests: int = 4, max_prefix: int = 48, max_extend: int = 24):
-    return st.lists(st.builds(Request, prefix_len=st.integers(0, max_prefix), extend_len=st.integers(1, max_extend)),
+def requests(max_requests: int = 4, max_prefix: int = 48, max_extend: int = 24, min_extend: int = 1):
+    return st.lists(st.builds(Request, prefix_len=st.integers(0, max_prefix),
+                              extend_len=st.integers(min_extend, max_extend)),
                     min_size=1, max_size=max_requests).map(tuple)
+
+
+# A graph replay pads to the smallest bucket (4 tokens) and refuses beyond twice the real count, so a
+# batch of one token never replays: the requests of replayed geometries extend by two tokens or more.
+_REPLAYABLE = st.one_of(requests(min_extend=2), requests(max_requests=2, max_prefix=300, max_extend=40, min_extend=2))
 
 
 @st.composite
@@ -153,7 +178,9 @@ def large_dims(draw, total: int, budget: int) -> Dims:
 @st.composite
 def threshold_batch(draw, *, hisparse: bool) -> Batch:
     """Exactly around SGLang's sparse threshold, where the snapshot and the forward must agree."""
-    total = _LARGE_INDEXER_QUERY_THRESHOLD + draw(st.sampled_from([0, -1, 1]))
+    # the threshold itself twice as often as a side: `>` read as `>=`, or as `> threshold - 1`, differs
+    # only there
+    total = _LARGE_INDEXER_QUERY_THRESHOLD + draw(st.sampled_from([0, 0, -1, 1]))
     first = draw(st.integers(1, total - 1))
     return Batch(mode=ForwardMode.EXTEND, requests=(Request(0, first), Request(draw(st.integers(0, 8)), total - first)),
                  graph=False, mutations=draw(mutations(hisparse=hisparse)))
@@ -165,24 +192,34 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = 
     decade of tokens) within `budget` (tokens x layers x heads)."""
     if semantics not in _SPECS:
         raise InvalidArgument(f"semantics={semantics!r} is not one of: {', '.join(_SPECS)}")
-    specs_on = _switched_on(draw, _SPEC_FAMILIES) | _PUBLISHING_SPECS
+    closed = draw(st.sampled_from(CLOSED_CONDITIONS))  # first: the flags, the spec and the batches follow it
+    specs_on = _switched_on(draw, _SPEC_FAMILIES)
     modes_on = _switched_on(draw, _MODE_GROUPS)
     kinds_on = _switched_on(draw, {k: {k} for k in MUTATION_KINDS})
-    gates_on = draw(st.sampled_from([False, False, True]))  # a third of the cases close a gate
-    f = draw(flags(semantics, gates_on=gates_on, hisparse_wanted="hisparse_evict" in kinds_on))
-    spec = draw(st.sampled_from([s for s in _SPECS[semantics] if s in specs_on] or _SPECS[semantics]))
-    geometry = draw(st.sampled_from(["small"] * 14 + ["large"] * 3 + ["threshold"] * 2)) if large else "small"
+    f = draw(flags(semantics, closed))
+    closing_specs = [s for s in _SPECS[semantics] if not publishes(s, semantics)]
+    spec = draw(st.sampled_from(([s for s in closing_specs if s in specs_on] or closing_specs) if closed == "spec"
+                                else [s for s in _SPECS[semantics] if publishes(s, semantics)]))
+    # a closed condition decides alone: the first batch is an EXTEND that would publish without it (a
+    # graph replay where the contract is what closes: those cases replay one bucket, below)
+    first_modes = [ForwardMode.EXTEND] if closed != "open" else None
+    contract = "bcg" if closed == "bcg" else "fresh"
+    geometry = draw(st.sampled_from(["small"] * 14 + ["large"] * 3 + ["threshold"] * 3)) if large else "small"
     if geometry == "large":
         total = draw(token_total(min(MAX_TOKENS, budget)))
         dims = draw(large_dims(total, budget))
         reqs = draw(skewed_requests(total))
-        first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes_on=modes_on, kinds_on=kinds_on))
+        # a second replay of the same bucket after a publishing one: the reused-bucket path, which is what
+        # the breakable-graph contract changes
+        reuse = closed == "bcg" or draw(_rare(4))
+        first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes=[ForwardMode.EXTEND] if reuse else first_modes,
+                           modes_on=modes_on, kinds_on=kinds_on))
         batches = [first]
-        if first.requests and draw(_rare(4)):  # a second replay of the same bucket: the reused-bucket path
+        if reuse:
             second = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=_SECOND_MODES, kinds_on=kinds_on))
             batches = [replace(first, graph=True), replace(second, graph=True)]
         return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
-                    graph_contract=draw(st.sampled_from(["fresh", "bcg"])), data_seed=draw(st.integers(0, 2**16)))
+                    graph_contract=contract, data_seed=draw(st.integers(0, 2**16)))
     if geometry == "threshold":
         # SGLang's real threshold, with every gate open so the snapshot's decision is published.
         f = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
@@ -196,19 +233,24 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = 
         swa_window=draw(st.sampled_from([4, 8, 16])), index_topk=draw(st.sampled_from([2, 4])),
         index_dim=4, page_size=draw(st.sampled_from([1, 2, 4, 8, 16])), layer_ratios=draw(st.sampled_from(_LAYERS)),
     )
-    shape = draw(st.sampled_from(["single", "replay_reuse", "replay_reuse", "pair"]))
-    first = draw(batch(hisparse=f.hisparse, modes_on=modes_on, kinds_on=kinds_on))
+    # Graph replays of one geometry, back to back: the bucket's captured metadata is reused, and a
+    # batch that does not publish follows one that did (the mailbox must have been cleared). Both need
+    # a first batch that publishes, an EXTEND; one or two replays follow it, each a chance for both.
+    # The breakable-graph contract changes only how a bucket's metadata is reused: its cases replay.
+    shape = "replay_reuse" if closed == "bcg" else draw(st.sampled_from(["single", "replay_reuse", "replay_reuse",
+                                                                         "pair"]))
+    replays = shape == "replay_reuse"
+    first = draw(batch(hisparse=f.hisparse, reqs=draw(_REPLAYABLE) if replays else None,
+                       modes=[ForwardMode.EXTEND] if replays else first_modes, modes_on=modes_on, kinds_on=kinds_on))
     batches = [first]
-    if shape == "replay_reuse" and first.requests:
-        # Graph replays of one geometry, back to back: the bucket's captured metadata is reused, and
-        # a batch that does not publish follows one that did (the mailbox must have been cleared).
-        first = Batch(mode=first.mode, requests=first.requests, graph=True, mutations=first.mutations)
-        second = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=_SECOND_MODES, kinds_on=kinds_on))
-        batches = [first, Batch(mode=second.mode, requests=second.requests, graph=True, mutations=second.mutations)]
+    if replays:
+        later = draw(st.lists(batch(hisparse=f.hisparse, reqs=first.requests, modes=_SECOND_MODES, kinds_on=kinds_on),
+                              min_size=1, max_size=2))
+        batches = [replace(b, graph=True) for b in (first, *later)]
     elif shape == "pair":
         batches.append(draw(batch(hisparse=f.hisparse, modes_on=modes_on, kinds_on=kinds_on)))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
-                graph_contract=draw(st.sampled_from(["fresh", "bcg"])),
+                graph_contract=contract,
                 delay_cycles=draw(st.sampled_from([0, 20_000_000, 100_000_000])),
                 data_seed=draw(st.integers(0, 2**16)))
 

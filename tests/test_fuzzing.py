@@ -9,6 +9,7 @@ import sys
 
 from hypothesis import HealthCheck, given, settings
 
+from harness import corpus
 from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants import mutant_target
@@ -35,6 +36,18 @@ def test_no_seeds_draws_every_case():
     with_seeds = run_campaign(mutant_target("scheduler_no_wait"), examples=3, shrink=False)
     without = run_campaign(mutant_target("scheduler_no_wait"), examples=30, shrink=False, seeds=False)
     assert with_seeds.found_on_seed and without.findings and not without.found_on_seed
+
+
+def test_a_kill_table_seed_reaches_the_clean_campaign_and_every_mutant_campaign(monkeypatch):
+    seeds_given = []
+
+    def recording(*args, **kwargs):
+        seeds_given.append(kwargs["seed"])
+        return run_campaign(*args, **kwargs)
+
+    monkeypatch.setattr(corpus, "run_campaign", recording)
+    clean, rows = corpus.kill_table(only="scheduler_no_wait", examples=3, seeds=False, seed=5)
+    assert seeds_given == [5, 5] and clean["findings"] == 0 and rows[0]["killed"]
 
 
 @settings(max_examples=150, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -56,3 +56,14 @@ def test_regressions_put_back_into_the_real_source_are_found_in_campaigns_on_the
     assert [row["name"] for row in table["rows"]] == list(FOUND_IN_CI)
     for row in table["rows"]:
         assert row["outcome"] == "KILLED" and row["replay"].startswith("python -m harness replay --target sglang"), row
+    assert table["seeds"] and table["rows"][0]["found_on_seed"]  # the first seed case finds the deleted snapshot step
+
+
+def test_no_seeds_reaches_every_campaign_of_the_table(tmp_path):
+    out = tmp_path / "table.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "snapshot_step_deleted", "--examples", "10",
+                           "--no-seeds", "--out", str(out)], cwd=PROJECT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = json.loads(out.read_text())
+    [row] = table["rows"]
+    assert not table["seeds"] and row["outcome"] == "KILLED" and row["found_on_seed"] is False, row
