@@ -119,13 +119,13 @@ def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_
     open_session = target.open
     target.open = lambda case, device: opened.append(len(polls)) or open_session(case, device)
 
-    found_at = 9  # with this seed the ninth drawn case finds the mutant
+    found_at = 8  # with this seed the eighth drawn case finds the mutant
 
     def stop_once_shrinking():
         polls.append(1)
         return "SIGINT" if len(polls) > found_at else None
 
-    result = run_campaign(target, mutant="refresh_keeps_cache", examples=100, seed=9, profile="dev", seeds=False,
+    result = run_campaign(target, mutant="refresh_keeps_cache", examples=100, seed=3, profile="dev", seeds=False,
                           should_stop=stop_once_shrinking)  # drawn cases only: hypothesis shrinks the failure
     assert result.first_detection_examples == found_at and result.findings
     assert result.summary()["interrupted"] == "SIGINT"
