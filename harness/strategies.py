@@ -31,7 +31,7 @@ from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
 from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
-from harness.policy import GRAPH_MAX_BS
+from harness.policy import GRAPH_MAX_BS, graph_bucket
 
 S = SpeculativeAlgorithm
 _SPECS = {
@@ -210,8 +210,9 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = 
         dims = draw(large_dims(total, budget))
         reqs = draw(skewed_requests(total))
         # a second replay of the same bucket after a publishing one: the reused-bucket path, which is what
-        # the breakable-graph contract changes
-        reuse = closed == "bcg" or draw(_rare(4))
+        # the breakable-graph contract changes; beyond the largest bucket both batches would run eager,
+        # twice a long batch's cost for no replay
+        reuse = graph_bucket(total) is not None and (closed == "bcg" or draw(_rare(4)))
         first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes=[ForwardMode.EXTEND] if reuse else first_modes,
                            modes_on=modes_on, kinds_on=kinds_on))
         batches = [first]
