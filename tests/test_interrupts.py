@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.interrupts import EXIT_INTERRUPTED
+from harness.errors import ExitCode
 from harness.target import ReferenceTarget
 from reports.folder import load_folder
 
@@ -62,7 +62,7 @@ def test_a_signal_during_a_campaign_leaves_a_valid_partial_report_and_exits_4(tm
     wait_for(proc, "campaign: ", times=3)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    assert proc.returncode == ExitCode.INTERRUPTED, out + err
     summary = load_folder(tmp_path).summary  # validated field by field
     assert summary["interrupted"] == signal.Signals(signum).name
     assert 3 <= summary["cases"] < 5000 and len(summary["cases_log"]) == summary["cases"]
@@ -79,7 +79,7 @@ def test_a_second_signal_exits_at_once_even_with_a_case_in_flight(tmp_path):
     wait_for(proc, "stopping after the case in flight")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_INTERRUPTED
+    assert proc.returncode == ExitCode.INTERRUPTED
     assert not (tmp_path / "summary.json").exists()
 
 
@@ -89,11 +89,11 @@ def test_nightly_passes_the_signal_to_its_step_and_still_writes_nightly_json(tmp
     wait_for(proc, "campaign: ", times=2, stream="stdout")  # the step's campaign is judging cases
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_INTERRUPTED, out
+    assert proc.returncode == ExitCode.INTERRUPTED, out
     nightly = json.loads((tmp_path / "nightly.json").read_text())
     assert nightly["interrupted"] == "SIGTERM"
     campaign = next(s for s in nightly["steps"] if s["name"] == "campaign")
-    assert (campaign["outcome"], campaign["exit_code"]) == ("interrupted", EXIT_INTERRUPTED)
+    assert (campaign["outcome"], campaign["exit_code"]) == ("interrupted", ExitCode.INTERRUPTED)
     assert load_folder(tmp_path).summary["interrupted"] == "SIGTERM"
     assert (tmp_path / "index.html").is_file()
 
@@ -103,7 +103,7 @@ def test_a_signal_to_a_run_with_workers_reaches_each_worker_once_and_the_merge_i
     wait_for(proc, "] campaign: ", times=4)  # both workers are judging cases
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    assert proc.returncode == ExitCode.INTERRUPTED, out + err
     summary = load_folder(tmp_path).summary
     assert summary["interrupted"] == "SIGTERM" and 0 < summary["cases"] < 5000
     assert [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
