@@ -36,10 +36,10 @@ from types import ModuleType
 from typing import Callable, Iterator
 
 from harness.errors import EnvironmentBroken
+from harness.sglang_target._api import KERNELS as KERNEL_MODULE
+from harness.sglang_target._api import TRITON_KERNELS as SGLANG_KERNELS
+from harness.sglang_target._api import prepare_triton
 
-KERNEL_MODULE = "sglang.kernels.ops.attention.dsv4.sparse_prefill_kernels"
-SGLANG_KERNELS = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")
-KERNEL_REGEX = "|".join(SGLANG_KERNELS)
 # name -> (tool, finding kind, kernel, (old, new)): one textual edit of SGLang's kernel file.
 PLANTED_EDITS = {
     "sglang-planted-oob": ("memcheck", "out-of-bounds", "_combine_topk_swa_indices_kernel",
@@ -55,8 +55,6 @@ GEOMETRIES = {"small": (((18, 6), (9, 9), (143, 3)), 8, 16, 4),
 
 def kernel_module() -> ModuleType:
     """The installed SGLang kernel module (Triton interpreted on a machine without a GPU)."""
-    from harness.sglang_target._api import prepare_triton
-
     prepare_triton()
     try:
         return importlib.import_module(KERNEL_MODULE)

@@ -39,6 +39,7 @@ BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 BASE_BACKEND = "sglang.srt.layers.attention.base_attn_backend"
 SPARSE_UTILS = "sglang.srt.layers.attention.dsv4.sparse_prefill_utils"
 KERNELS = "sglang.kernels.ops.attention.dsv4.sparse_prefill_kernels"
+TRITON_KERNELS = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")  # SGLang's own, in KERNELS
 PUBLISHER = "sglang.srt.model_executor.runner_utils.shared_read_event"
 SPEC = "sglang.srt.speculative.spec_info"
 ENVIRON = "sglang.srt.environ"
@@ -69,7 +70,7 @@ _COMMON = [
     (SPARSE_UTILS, "SparsePrefillChunkCache.ensure_compressed"),
     (SPARSE_UTILS, "SparsePrefillChunkCache.combine_compressed"), (SPARSE_UTILS, "SparsePrefillKVBuffer"),
     (KERNELS, "build_swa_token_ids"), (KERNELS, "combine_topk_swa_indices"),
-    (KERNELS, "_build_swa_token_ids_kernel"), (KERNELS, "_combine_topk_swa_indices_kernel"),
+    *((KERNELS, name) for name in TRITON_KERNELS),
     (PUBLISHER, "maybe_publish_prefill_shared_read_done"),
     (SPEC, "SpeculativeAlgorithm"), (SPEC, "SpeculativeAlgorithm.is_dflash_family"),
     (ENVIRON, "envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE"), (ENVIRON, "envs.SGLANG_FORCE_COARSE_WAR_BARRIER"),
@@ -345,12 +346,11 @@ def _check_kernels(kernels, version: str) -> str:
             kernel = kernel.fn
         return kernel
 
-    names = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")
-    interpreted = {name: isinstance(unwrap(getattr(kernels, name)), InterpretedFunction) for name in names}
+    interpreted = {name: isinstance(unwrap(getattr(kernels, name)), InterpretedFunction) for name in TRITON_KERNELS}
     if len(set(interpreted.values())) != 1:
         raise EnvironmentBroken(f"--target sglang: sglang {version}'s Triton kernels are part interpreted, part "
                                 f"compiled ({interpreted}): TRITON_INTERPRET changed while triton was imported")
-    return "cpu" if interpreted[names[0]] else "cuda"
+    return "cpu" if interpreted[TRITON_KERNELS[0]] else "cuda"
 
 
 def _tune_interpreter(kernels) -> None:
