@@ -34,6 +34,7 @@ from harness.model.attention import reference_attention
 from harness.mutator import Mutator
 from harness.observe import UndeclaredAccess
 from harness.policy import expected_publish, runs_graph
+from harness.target import load_batch
 from harness.world import BatchWorld, PoolSizes, build_world, kv_contents
 
 FLOAT64_ATOL = 1e-4
@@ -98,9 +99,8 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         world = build_world(case, index, sizes)
         record.worlds.append(world)
         began = time.perf_counter()
-        # the batch's inputs are ordered before the forward reads them
-        with device.observing(), device.stream(device.forward_stream):
-            fb = session.load(world)
+        with device.observing():
+            fb = load_batch(session, device, world)
         if device.observer is not None:
             device.observer.register_batch(fb)
         record.setup_seconds += time.perf_counter() - began

@@ -123,6 +123,14 @@ class ReferenceSession:
         return {"swa_kv": pool.swa_kv, "extra_kv": pool.extra_kv, "indexer_k": pool.indexer_k}
 
 
+def load_batch(session: Session, device, world: BatchWorld) -> ForwardBatch:
+    """A batch's inputs loaded on the forward stream, so they are ordered before the forward reads them:
+    on torch's default stream they would not be (PyTorch's streams do not wait for it; under racecheck's
+    slowness SGLang's kernel once read the tables before the load had written them)."""
+    with device.stream(device.forward_stream):
+        return session.load(world)
+
+
 def make_forward_batch(world: BatchWorld, case: Case, tdev) -> ForwardBatch:
     batch, dims = world.batch, world.dims
     reqs = batch.requests

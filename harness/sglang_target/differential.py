@@ -23,7 +23,7 @@ import torch
 from harness.case import Case
 from harness.device import make_device
 from harness.model.enums import ForwardMode
-from harness.target import ReferenceTarget
+from harness.target import ReferenceTarget, load_batch
 from harness.world import PoolSizes, build_world
 
 CACHE_FIELDS = ("swa_token_ids", "swa_offsets", "swa_first_pos", "swa_gather_lens", "query_pos",
@@ -45,8 +45,7 @@ def _run(target, case: Case, device_name: str) -> list[dict]:
     out = []
     for index, batch in enumerate(case.batches):
         world = build_world(case, index, sizes)
-        with device.stream(device.forward_stream):  # as the engine loads: ordered before the forward reads
-            fb = session.load(world)
+        fb = load_batch(session, device, world)
         session.current_batch = fb
         outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: None, after_launch=lambda: None)
         device.synchronize()
