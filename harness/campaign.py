@@ -13,6 +13,7 @@ stream the same for every shard whatever the database holds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -25,6 +26,7 @@ from unittest import SkipTest
 
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture.engine import ConjectureRunner
 
 from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
@@ -231,7 +233,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     try:
         for test in passes:
             try:
-                test()
+                with novel_draws_only():
+                    test()
             except SkipTest:  # hypothesis had no case to run: an empty database, or no seed to replay
                 continue
     except FindingRaised as raised:
@@ -276,6 +279,30 @@ def _shrink_collected(result: CampaignResult, collected: dict, judge, *, device,
     result.minimal = result.failures[0]
     result.shrunk = shrink
     result.shrink_seconds = time.perf_counter() - began if shrink else None
+
+
+@contextlib.contextmanager
+def novel_draws_only():
+    """Every generated example a fresh draw: hypothesis's duplication mutator switched off.
+
+    After each fresh example hypothesis runs up to five variants of it that copy one span of its
+    choices over another of the same label (`ConjectureRunner.generate_mutations_from`), keeping
+    the example's other choices. That is cheap diversity for a test of microseconds; a case here
+    costs up to a second, and the variants keep the case's shape: of 60 examples of the `ci` stream,
+    38 had distinct shapes (spec, flags, each batch's mode, graph and requests), 60 with it off. Our strategies
+    draw the duplication that matters themselves (a later batch over the first batch's requests).
+    Shrinking and the database are unchanged. tests/test_fuzzing.py fails if hypothesis renames it.
+    """
+    original = ConjectureRunner.generate_mutations_from
+    ConjectureRunner.generate_mutations_from = _no_mutations
+    try:
+        yield
+    finally:
+        ConjectureRunner.generate_mutations_from = original
+
+
+def _no_mutations(runner: ConjectureRunner, data) -> None:
+    """`generate_mutations_from` that runs none: the next example is drawn afresh."""
 
 
 def case_digest(case, schedule: str) -> str:

@@ -45,15 +45,19 @@ _SPEC_FAMILIES = {"eagle": {S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE}, "ngram": 
 _MODE_GROUPS = {"extend": {ForwardMode.EXTEND}, "mixed": {ForwardMode.MIXED},
                 "speculative": {ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND},
                 "decode": {ForwardMode.DECODE, ForwardMode.IDLE}}
-# The condition a case closes: none ("open"), one gate, its spec, or (for its graph replays) the
-# breakable-graph contract; each about as often as the others, open twice as often (most bugs are in
-# what publication lets the scheduler do, and the threshold cases are open too). Hypothesis clones
-# each new example about five times with its case-level choices kept, so a campaign of 300 draws
-# only some 60 of these: each must be likely enough to be drawn in them. The three KV-offload
-# switches are one gate (`Flags.offloads_kv`): one entry, then one of the three.
+# The condition a case closes: none ("open"), the first batch's mode, one gate, its spec, or (for its
+# graph replays) the breakable-graph contract; each about as often as the others, open twice as often
+# (most bugs are in what publication lets the scheduler do, and the threshold cases are open too). A
+# campaign of 60 cases draws each about six times (every example is a fresh draw:
+# `campaign.novel_draws_only`). The three KV-offload switches are one gate (`Flags.offloads_kv`): one
+# entry, then one of the three.
 KV_OFFLOAD = ("hierarchical_cache", "hicache_storage", "lmcache")
-CLOSED_CONDITIONS = ["open", "open", "spec", "READ_DONE off", "coarse barrier", "cp_active", "hisparse", "KV offload",
-                     "bcg"]
+CLOSED_CONDITIONS = ["open", "open", "mode", "spec", "READ_DONE off", "coarse barrier", "cp_active", "hisparse",
+                     "KV offload", "bcg"]
+# "mode": the first batch's forward mode is what decides, every gate open. Mostly MIXED: eager, 0.5.23
+# runs it as EXTEND and it publishes; replayed, it does not; each reading is a regression someone wrote.
+_DECIDING_MODES = [ForwardMode.MIXED] * 3 + [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,
+                                             ForwardMode.IDLE]
 _GATE_FLAGS = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse"}
 
 # tokens x layers x heads a drawn geometry may reach: `ci` reaches the threshold with one small layer,
@@ -63,8 +67,10 @@ BUCKETS = generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
 MAX_TOKENS = 32_768
 MAX_PREFIX = 16_384
 _DECADES = [(1, 9), (10, 99), (100, 999), (1000, 9999), (10_000, MAX_TOKENS)]
-_MODES = [ForwardMode.EXTEND] * 8 + [ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
-                                    ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.IDLE]
+# A MIXED batch a quarter of the time: eager, 0.5.23 runs it as EXTEND (it publishes), replayed it
+# does not, and both readings are bugs someone has written.
+_MODES = [ForwardMode.EXTEND] * 8 + [ForwardMode.MIXED] * 4 + [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
+                                                               ForwardMode.DRAFT_EXTEND, ForwardMode.IDLE]
 _SECOND_MODES = [ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
                  ForwardMode.TARGET_VERIFY]
 _LAYERS = [(0, 4, 128), (0, 4), (4,), (0,), (128, 0)]
@@ -201,8 +207,10 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = 
     spec = draw(st.sampled_from(([s for s in closing_specs if s in specs_on] or closing_specs) if closed == "spec"
                                 else [s for s in _SPECS[semantics] if publishes(s, semantics)]))
     # a closed condition decides alone: the first batch is an EXTEND that would publish without it (a
-    # graph replay where the contract is what closes: those cases replay one bucket, below)
-    first_modes = [ForwardMode.EXTEND] if closed != "open" else None
+    # graph replay where the contract is what closes: those cases replay one bucket, below), or, where
+    # the mode is what decides, a batch of another mode
+    first_modes = {"open": None, "mode": _DECIDING_MODES}.get(closed, [ForwardMode.EXTEND])
+    first_modes_on = None if closed == "mode" else modes_on
     contract = "bcg" if closed == "bcg" else "fresh"
     geometry = draw(st.sampled_from(["small"] * 14 + ["large"] * 3 + ["threshold"] * 3)) if large else "small"
     if geometry == "large":
@@ -214,7 +222,7 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = 
         # twice a long batch's cost for no replay
         reuse = graph_bucket(total) is not None and (closed == "bcg" or draw(_rare(4)))
         first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes=[ForwardMode.EXTEND] if reuse else first_modes,
-                           modes_on=modes_on, kinds_on=kinds_on))
+                           modes_on=first_modes_on, kinds_on=kinds_on))
         batches = [first]
         if reuse:
             second = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=_SECOND_MODES, kinds_on=kinds_on))
@@ -238,11 +246,12 @@ def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = 
     # batch that does not publish follows one that did (the mailbox must have been cleared). Both need
     # a first batch that publishes, an EXTEND; one or two replays follow it, each a chance for both.
     # The breakable-graph contract changes only how a bucket's metadata is reused: its cases replay.
-    shape = "replay_reuse" if closed == "bcg" else draw(st.sampled_from(["single", "replay_reuse", "replay_reuse",
-                                                                         "pair"]))
+    shape = ("replay_reuse" if closed == "bcg" else draw(st.sampled_from(["single", "pair"])) if closed == "mode"
+             else draw(st.sampled_from(["single", "replay_reuse", "replay_reuse", "pair"])))
     replays = shape == "replay_reuse"
     first = draw(batch(hisparse=f.hisparse, reqs=draw(_REPLAYABLE) if replays else None,
-                       modes=[ForwardMode.EXTEND] if replays else first_modes, modes_on=modes_on, kinds_on=kinds_on))
+                       modes=[ForwardMode.EXTEND] if replays else first_modes, modes_on=first_modes_on,
+                       kinds_on=kinds_on))
     batches = [first]
     if replays:
         later = draw(st.lists(batch(hisparse=f.hisparse, reqs=first.requests, modes=_SECOND_MODES, kinds_on=kinds_on),

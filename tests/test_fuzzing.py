@@ -14,6 +14,7 @@ from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants import mutant_target
 from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
+from harness.target import ReferenceTarget
 
 
 def test_a_failure_found_on_a_seed_case_is_shrunk_from_it():
@@ -106,3 +107,11 @@ def test_merged_coverage_adds_the_parts_counts():
     merged = merge_tables([first.to_dict(), second.to_dict()])
     assert merged["dimensions"]["graph"]["eager"] == 2 and merged["dimensions"]["graph"]["first graph replay"] == 2
     assert merged["combinations_lower_bound"]
+
+
+def test_every_example_of_a_campaign_is_a_fresh_draw():
+    # hypothesis's duplication mutator (variants of the last example with its other choices kept) is off
+    # in a campaign: 40 examples are 40 different cases, not some eight draws and their variants
+    result = run_campaign(ReferenceTarget(), examples=40, seed=3, seeds=False)
+    drawn = {record["case"] for record in result.cases_log}
+    assert result.cases == 40 and len(drawn) == 40
