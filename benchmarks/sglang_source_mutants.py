@@ -36,6 +36,7 @@ GRAPH_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 BASE_GRAPH_RUNNER = "srt/model_executor/runner/base_cuda_graph_runner.py"
 EAGER_RUNNER = "srt/model_executor/runner/eager_runner.py"
 SCHEDULER = "srt/managers/scheduler.py"
+BUFFER_REGISTRY = "srt/model_executor/cuda_graph_buffer_registry.py"
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,19 @@ MUTANTS = (
                  "            return cached\n",
                  "a per-layer sanity check reads the live Full-to-SWA mapping after read-done (it changes no value: "
                  "only the observed tracker can see it)"),
+    # -- the prefill graph runner's load_batch, its static-buffer registry and the output's trim
+    SourceMutant("registry_out_cache_loc_keeps_pad", BUFFER_REGISTRY,
+                 "            padding_policy=PaddingPolicy.ZERO,\n        ),\n    ]\n    if register_input_embeds is None:",
+                 "            padding_policy=PaddingPolicy.KEEP_PAD,\n        ),\n    ]\n    if register_input_embeds is None:",
+                 "the prefill registry keeps out_cache_loc's padded rows from the last replay instead of the dummy slot 0"),
+    SourceMutant("load_batch_pads_nothing", GRAPH_RUNNER,
+                 "            raw_num_tokens=num_tokens,\n            padded_num_tokens=static_num_tokens,\n",
+                 "            raw_num_tokens=num_tokens,\n            padded_num_tokens=num_tokens,\n",
+                 "load_batch fills the static buffers for the live rows only: the bucket's padded rows keep stale values"),
+    SourceMutant("trim_keeps_padded_rows", GRAPH_RUNNER,
+                 "                output.hidden_states[: self.raw_num_tokens]\n",
+                 "                output.hidden_states\n",
+                 "a replay's output is not trimmed to the live rows (the padded rows come back as tokens)"),
     SourceMutant("replay_snapshot_at_live_count", GRAPH_RUNNER,
                  "            num_qo_tokens=shape_key.size,\n            build_snapshot=build_snapshot,\n",
                  "            num_qo_tokens=len(forward_batch.input_ids),\n            build_snapshot=build_snapshot,\n",

@@ -269,6 +269,13 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
                (mods["backend"].DSV4AttnMetadata, "copy_"),
                (mods["backend"].DSV4Metadata, "refresh_for_breakable_cuda_graph_replay_"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "_prepare_forward_metadata_for_replay"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "can_run_graph"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "execute"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "load_batch"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "_execute_tc_piecewise"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "_execute_body_capture"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "_trim_logits_output"),
+               (mods["buffer_registry"].CudaGraphBufferRegistry, "fill_from"),
                (mods["publisher"], "maybe_publish_prefill_shared_read_done")]
     calls = []
 
@@ -282,8 +289,9 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
 
     for owner, name in entries:
         counting(owner, name)
-    monkeypatch.setattr(mods["eager_runner"], "maybe_publish_prefill_shared_read_done",
-                        mods["publisher"].maybe_publish_prefill_shared_read_done)
+    for runner_module in (mods["eager_runner"], mods["graph_runner"]):  # each imported the publisher by name
+        monkeypatch.setattr(runner_module, "maybe_publish_prefill_shared_read_done",
+                            mods["publisher"].maybe_publish_prefill_shared_read_done)
     replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
     eager = Batch(requests=(Request(3, 5),), mutations=(REWRITE,))
     for case in (Case(batches=(eager, replay, replay)), Case(graph_contract="bcg", batches=(replay, replay))):
@@ -292,8 +300,15 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
     assert set(calls) == {f"{o.__name__}.{n}" if isinstance(o, type) else n for o, n in entries}, calls
     loop = [c for c in calls if c.startswith("Scheduler.")]
     assert loop[:3] == ["Scheduler.run_event_loop", "Scheduler.event_loop_overlap", "Scheduler._apply_war_barrier"]
-    first_eager = calls.index("EagerRunner.execute")
-    assert calls[first_eager + 1: first_eager + 3] == ["EagerRunner.load_batch", "maybe_publish_prefill_shared_read_done"]
+    runners = [c for c in calls if c != "CudaGraphBufferRegistry.fill_from"]  # inside each load_batch
+    first_eager = runners.index("EagerRunner.execute")
+    assert runners[first_eager + 1: first_eager + 3] == ["EagerRunner.load_batch", "maybe_publish_prefill_shared_read_done"]
+    first_replay = runners.index("PrefillCudaGraphRunner.execute")
+    replay = [c for c in runners[first_replay:] if c.startswith(("PrefillCudaGraphRunner", "maybe_publish"))]
+    assert replay[:6] == [
+        "PrefillCudaGraphRunner.execute", "PrefillCudaGraphRunner.load_batch",
+        "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay", "maybe_publish_prefill_shared_read_done",
+        "PrefillCudaGraphRunner._execute_tc_piecewise", "PrefillCudaGraphRunner._trim_logits_output"]
 
 
 def test_the_pool_stand_in_translates_as_sglangs_pool_does(target, harness_device):

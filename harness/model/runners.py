@@ -185,7 +185,9 @@ class PrefillGraphRunner:
 
 
 def pad_forward_batch(fb: ForwardBatch, bucket: int) -> ForwardBatch:
-    """SGLang's padding: query position 0, out_cache_loc 0 (the dummy slot), the last request's row."""
+    """SGLang's padding: query position 0, out_cache_loc 0 (the dummy slot), the last request's row. A
+    padded row runs the model on input id 0, so its KV latent is a real value (`PADDED_LATENT`), not
+    zero: a padded row that writes into a slot other than the dummy one changes what that slot holds."""
     pad = bucket - fb.num_tokens
     if pad == 0:
         return replace(fb, num_token_non_padded=fb.num_tokens)
@@ -194,19 +196,20 @@ def pad_forward_batch(fb: ForwardBatch, bucket: int) -> ForwardBatch:
         extra = torch.full((pad, *t.shape[1:]), value, dtype=t.dtype, device=t.device)
         return torch.cat([t, extra])
 
-    def layered(t: torch.Tensor) -> torch.Tensor:
-        extra = torch.zeros((t.shape[0], pad, *t.shape[2:]), dtype=t.dtype, device=t.device)
+    def layered(t: torch.Tensor, value=0.0) -> torch.Tensor:
+        extra = torch.full((t.shape[0], pad, *t.shape[2:]), value, dtype=t.dtype, device=t.device)
         return torch.cat([t, extra], dim=1)
 
     return replace(
         fb, positions=rows(fb.positions), out_cache_loc=rows(fb.out_cache_loc, PADDED_OUT_CACHE_LOC),
-        input_ids=rows(fb.input_ids), q=layered(fb.q), kv_new=layered(fb.kv_new),
+        input_ids=rows(fb.input_ids), q=layered(fb.q), kv_new=layered(fb.kv_new, PADDED_LATENT),
         compressed_new=layered(fb.compressed_new), index_k_new=rows(fb.index_k_new), q_index=rows(fb.q_index),
         num_token_non_padded=fb.num_tokens, row_req=fb.row_req + [fb.row_req[-1]] * pad,
     )
 
 
 PADDED_OUT_CACHE_LOC = 0  # PaddingPolicy.ZERO: padded rows write to the reserved dummy slot
+PADDED_LATENT = 0.5  # the KV latent a padded row writes (the model's output for input id 0 stands for it)
 
 
 class ModelRunner:

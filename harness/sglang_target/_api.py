@@ -58,6 +58,11 @@ EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 BUFFER_REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
+TC_BACKEND = "sglang.srt.model_executor.runner_backend.tc_piecewise_cuda_graph_backend"
+BREAKABLE_BACKEND = "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend"
+GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
+LOGITS = "sglang.srt.layers.logits_processor"
+KV_TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator"
 
 # (module, dotted attribute) every semantics needs.
 _COMMON = [
@@ -87,6 +92,8 @@ _COMMON = [
     (MODEL_RUNNER, "ModelRunner._extend_forward_kwargs"), (MODEL_RUNNER, "ModelRunner._pp_kwargs"),
     (BUFFER_REGISTRY, "build_eager_registry"), (FORWARD, "ForwardBatch"),
     (RUNTIME, "get_parallel"), (FORWARD_CONTEXT, "ForwardContext"), (FORWARD_CONTEXT, "forward_context"),
+    (FORWARD, "CaptureHiddenMode"), (LOGITS, "LogitsProcessorOutput"), (KV_TRANSLATOR, "KVIndexTranslator"),
+    (MODEL_RUNNER, "ModelRunner.prepare_dummy_forward_batch"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
 ]
 # The 0.5.23 form: an explicit resolver, the spec gate at publish time, the replay prep returning the ends.
@@ -95,6 +102,10 @@ _RESOLVER = [
     (BACKEND, "DeepseekV4AttnBackend._snapshot_prefill_shared_reads"),
     (SPEC, "SpeculativeAlgorithm.supports_prefill_shared_read_done"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
+    (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
+    (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
+    (BUFFER_REGISTRY, "build_prefill_registry"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
+    (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"),
     (SHAPE_KEY, "ShapeKey"),
 ]
 # The PR-era form (#35947 as merged): a backend hook and a flag on the metadata.
@@ -318,9 +329,12 @@ def load_api() -> SglangApi:
         spec=SPEC, environ=ENVIRON, runtime=RUNTIME, forward=FORWARD, cp_base=CP_BASE, cp_utils=CP_UTILS,
         buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, scheduler=SCHEDULER,
         tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER, model_runner=MODEL_RUNNER,
-        buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT).items()}
+        buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
+        kv_translator=KV_TRANSLATOR).items()}
     if semantics == "0.5.23":
-        mods["shape_key"] = importlib.import_module(SHAPE_KEY)
+        mods.update({name: importlib.import_module(path) for name, path in dict(
+            shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
+            graph_config=GRAPH_CONFIG).items()})
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)
     want = "shared_read_ends" if semantics == "0.5.23" else "forward_batch"

@@ -7,10 +7,14 @@ Real SGLang code, called on objects that carry what it reads (each entry point b
   (`cuda_graph_buffer_registry.build_eager_registry`); the MIXED -> EXTEND rewrite, the metadata-init
   condition, the resolve -> publish order and the event's device module are SGLang's;
 - `model_executor/model_runner.py`: `ModelRunner._extend_forward_kwargs`, `_pp_kwargs`;
-- `model_executor/runner/prefill_cuda_graph_runner.py`: `PrefillCudaGraphRunner._prepare_forward_metadata_for_replay`
-  (handed the live batch and the padded static batch, as the replay's `load_batch` does),
-  `_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR`; `base_cuda_graph_runner.py`: `BaseCudaGraphRunner._pad_to_bucket`;
-  `arg_groups/cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`;
+- `model_executor/runner/prefill_cuda_graph_runner.py`: `PrefillCudaGraphRunner.can_run_graph` (through it
+  `can_replay_locally`) and `execute`, and through it `load_batch` (the bucket by `_pad_to_bucket`, the
+  static-buffer registry of `cuda_graph_buffer_registry.build_prefill_registry` and its `fill_from` with
+  SGLang's padding, the static batch, the breakable static buffers), `_prepare_forward_metadata_for_replay`,
+  the publish, `_execute_tc_piecewise` / `_execute_body_capture` and `_finalize_execute_output` (the trim to
+  the live rows); the graph backends `TcPiecewiseCudaGraphBackend` / `BreakableCudaGraphBackend` but for
+  their `replay`; `mem_cache/kv_index_translator.py`: `KVIndexTranslator.own_plan` and the plan's `bind` /
+  `bind_replay`; `arg_groups/cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`;
 - `layers/attention/base_attn_backend.py`: `AttentionBackend.resolve_prefill_shared_read_ends`;
   `layers/attention/deepseek_v4_backend.py`: `DeepseekV4AttnBackend._snapshot_prefill_shared_reads`,
   `_use_sparse_prefill`, `shared_read_ends`, `_build_sparse_prefill_chunk_cache`, `get_swa_out_cache_loc`;
@@ -36,8 +40,13 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   the copy into a graph's static metadata and the breakable-graph refresh are SGLang's own methods;
 - `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a launched operation on
   the forward stream, so on the simulator it reads the tables when the stream reaches it;
-- the captured graphs of the prefill graph runner (its capture needs the model): emulated as in the
-  reference; the replay's metadata prep and WAR boundary are SGLang's;
+- the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
+  `replay` runs the harness's layers over SGLang's static batch, with captured KV stores that keep the
+  capture's tensors (`CapturedGraphs`); a bucket is captured when SGLang's replay first asks for it, from
+  that batch, where SGLang captures every bucket at start-up from dummy batches;
+- on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
+  (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
+  DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True);
 - the KV stores and the indexer (model parts); the scheduler's request intake, batch selection and
   result processing (the harness's mutator);
 - on the CPU simulator, the device module (`torch.streamsim`, see `platform.py`): events recorded on the
@@ -131,23 +140,40 @@ class _Worker:
         return self._prop.fget(self)
 
 
-class HarnessModel:
-    """`model_runner.model`: what SGLang's runners call for the forward; the layers are the harness's."""
-
-    shared_experts_config = None  # what BaseRunner.model_context reads
+class HarnessLayers:
+    """`model.layer_model`: the transformer body (SGLang's breakable graph runner replaces its `forward` by
+    the captured graph's replay). Its output is the attention of every layer, rows first."""
 
     def __init__(self, model_runner: "SglangModelRunner"):
         self.mr = model_runner
 
-    def forward(self, input_ids, positions, forward_batch, **kwargs) -> torch.Tensor:
+    def forward(self, input_ids, positions, forward_batch, *args, **kwargs) -> torch.Tensor:
         mr = self.mr
         mr.bridge_delay()
         fb = mr.replay_batch if mr.replay_batch is not None else mr.live_batch
         if fb is None:
             raise RuntimeError("SGLang called the model's forward outside a batch of the harness")
         if forward_batch.forward_mode.is_idle():
-            return torch.zeros(0)
-        return mr.run_model(fb, forward_batch)
+            dims = mr.case.dims
+            return torch.zeros(0, len(dims.layer_ratios), dims.heads, dims.head_dim)
+        return mr.run_model(fb, forward_batch).transpose(0, 1)
+
+
+class HarnessModel:
+    """`model_runner.model`: what SGLang's runners call for the forward; the body is the harness's layers, the
+    output SGLang's `LogitsProcessorOutput` with the layers' attention as its hidden states (no logits)."""
+
+    shared_experts_config = None  # what BaseRunner.model_context reads
+
+    def __init__(self, model_runner: "SglangModelRunner"):
+        self.mr = model_runner
+        self.layer_model = HarnessLayers(model_runner)
+
+    def forward(self, input_ids, positions, forward_batch, **kwargs):
+        return self.logits_output(self.layer_model.forward(input_ids, positions, forward_batch))
+
+    def logits_output(self, hidden_states: torch.Tensor):
+        return self.mr.api.mods["logits"].LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden_states)
 
 
 # -- the session --------------------------------------------------------------------------------------------
@@ -263,9 +289,14 @@ class SglangModelRunner:
         self.device_module = torch.get_device_module(self.device)
         self.device_timer = None
         self.support_pp, self.is_generation = False, True
+        self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True)  # one pipeline stage
+        self.graph_shared_output = None  # no logits buffer shared with the graphs: the harness has no logits
         real = api.mods["model_runner"].ModelRunner
-        self._pp_kwargs = MethodType(real._pp_kwargs, self)
-        self._extend_forward_kwargs = MethodType(real._extend_forward_kwargs, self)
+        for method in ("_pp_kwargs", "_extend_forward_kwargs", "prepare_dummy_forward_batch"):
+            setattr(self, method, MethodType(getattr(real, method), self))
+        self.kv_index_translator = api.mods["kv_translator"].KVIndexTranslator(
+            req_to_token=session.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=None,
+            token_to_kv_pool=session.token_to_kv_pool, page_size=case.dims.page_size, device=self.device)
         self.model = HarnessModel(self)
         self.live_batch: Optional[ForwardBatch] = None  # the harness batch of the forward in flight
         self.replay_batch: Optional[ForwardBatch] = None  # its padded form during a graph replay
@@ -273,6 +304,12 @@ class SglangModelRunner:
         self.attn_backend = self._build_backend()
         self.eager_runner = self._build_eager_runner()
         self.graph_runner = SglangPrefillGraphRunner(self, contract=case.graph_contract)
+
+    @staticmethod
+    def attn_tp_sequence_sharded(num_tokens: int) -> bool:
+        """Replaced: one attention-TP rank, so no forward is sequence-sharded (the real one asks
+        `require_gathered_buffer`, which reads the MoE, DP and TP configuration a server publishes)."""
+        return False
 
     # -- the device the real code sees ---------------------------------------------------------
 
@@ -347,13 +384,23 @@ class SglangModelRunner:
 
     def sglang_batch(self, fb: ForwardBatch, mode=None):
         """A real ForwardBatch over the harness batch's tensors (what the scheduler hands the runner)."""
-        real = self.api.mods["forward"].ForwardBatch
-        return real(forward_mode=mode if mode is not None else self.sglang_mode(fb), batch_size=fb.batch_size,
-                    input_ids=fb.input_ids, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens,
-                    out_cache_loc=fb.out_cache_loc, seq_lens_sum=sum(fb.seq_lens_cpu),
-                    seq_lens_cpu=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64), positions=fb.positions,
-                    extend_seq_lens=fb.extend_seq_lens, extend_seq_lens_cpu=list(fb.extend_seq_lens_cpu),
-                    extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm)
+        mods = self.api.mods
+        prefix_lens = [seq - new for seq, new in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)]
+        batch = mods["forward"].ForwardBatch(
+            forward_mode=mode if mode is not None else self.sglang_mode(fb), batch_size=fb.batch_size,
+            input_ids=fb.input_ids, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens,
+            out_cache_loc=fb.out_cache_loc, seq_lens_sum=sum(fb.seq_lens_cpu),
+            seq_lens_cpu=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64), positions=fb.positions,
+            extend_seq_lens=fb.extend_seq_lens, extend_seq_lens_cpu=list(fb.extend_seq_lens_cpu),
+            extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=fb.seq_lens.device),
+            extend_prefix_lens_cpu=prefix_lens, extend_num_tokens=fb.num_tokens,
+            extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm,
+            capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL)
+        # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
+        # load_batch binds it to its static buffer).
+        translator = self.kv_index_translator
+        translator.own_plan(batch).bind(batch, translator)
+        return batch
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
@@ -373,11 +420,12 @@ class SglangModelRunner:
         self.live_batch = fb
         try:
             with contexts.forward_context(contexts.ForwardContext(attn_backend=self.attn_backend), forward_batch=batch):
-                # The prefill graph runner takes extends (not decode, not target-verify: can_replay_locally refuses it).
-                if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.TARGET_VERIFY, HForwardMode.IDLE)
-                        and self.graph_runner.can_run_graph(fb.num_tokens)):
-                    return self.graph_runner.execute(fb)
-                return self.eager_runner.execute(batch)
+                # Decode and idle batches go to the decode graph runner (not this path's); the prefill one decides
+                # the rest itself (it refuses target-verify).
+                if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
+                        and self.graph_runner.can_run_graph(fb, batch)):
+                    return self.graph_runner.execute(fb, batch)
+                return self.eager_runner.execute(batch).hidden_states.transpose(0, 1)
         finally:
             self.live_batch = None
 
@@ -556,78 +604,37 @@ class SglangModelRunner:
                            writes={"out": None, "cache.compressed": None})
 
 
-class SglangPrefillGraphRunner:
-    """The prefill graph runner: graphs emulated as in the reference (captured KV stores keep their tensors),
-    the replay's metadata prep and WAR boundary through the real `_prepare_forward_metadata_for_replay`,
-    handed the live batch and the padded static batch as SGLang's replay `load_batch` hands them, then the
-    real publisher with the runner's device module."""
+class CapturedGraphs:
+    """What a prefill graph runner captures for a bucket, emulated as in the reference: the bucket's static
+    metadata (built from the first batch that uses it), its static inputs, and per layer a captured KV
+    store that keeps the capture's tensors. SGLang captures every bucket at start-up with dummy batches;
+    the harness captures a bucket when SGLang's replay first asks for it (there is no model to capture)."""
 
-    def __init__(self, model_runner: SglangModelRunner, *, contract: str):
-        api = model_runner.api
-        self.mr, self.api, self.contract = model_runner, api, contract
-        self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
-        self.static_metadata: dict[int, Any] = {}
-        self.graphs: dict[int, list] = {}
-        self.static_inputs: dict[int, ForwardBatch] = {}
-        self.stub = SimpleNamespace(model_runner=model_runner, _is_full_backend=False,
-                                    use_captured_attn_metadata=contract == "bcg", attn_metadata_buffers={},
-                                    device_module=model_runner.device_module)
+    def __init__(self, model_runner: SglangModelRunner):
+        self.mr = model_runner
+        self.metadata: dict[int, Any] = {}
+        self.inputs: dict[int, ForwardBatch] = {}
+        self.layers: dict[int, list] = {}
 
-    def _bucket(self, num_tokens: int) -> Optional[int]:
-        if num_tokens < 1 or num_tokens > self.capture_bs[-1]:
-            return None
-        return self.api.mods["base_graph_runner"].BaseCudaGraphRunner._pad_to_bucket(num_tokens, self.capture_bs)
-
-    def can_run_graph(self, num_tokens: int) -> bool:
-        bucket = self._bucket(num_tokens)
-        factor = self.api.mods["graph_runner"]._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
-        return bucket is not None and bucket <= num_tokens * factor
-
-    @contextlib.contextmanager
-    def _replaying(self, padded: ForwardBatch, static) -> Any:
+    def ensure(self, bucket: int, padded: ForwardBatch) -> None:
+        if bucket in self.metadata:
+            return
         mr = self.mr
-        mr.replay_batch, mr.replay_static = padded, static
-        try:
-            yield
-        finally:
-            mr.replay_batch, mr.replay_static = None, None
+        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
+        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
+        static = mr._fresh_metadata(dataclasses.replace(padded, out_cache_loc=padded.out_cache_loc.clone()))
+        self.metadata[bucket] = static
+        self.inputs[bucket] = static_fb = dataclasses.replace(
+            padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
+        graphs = []
+        for layer in range(len(mr.case.dims.layer_ratios)):
+            with mr.harness_device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
+                mr.harness.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
+            graphs.append(graph)
+        self.layers[bucket] = graphs
 
-    def execute(self, fb: ForwardBatch) -> torch.Tensor:
-        mr, api = self.mr, self.api
-        bucket = self._bucket(fb.num_tokens)
-        padded = pad_forward_batch(fb, bucket)
-        mr.probe.note("graph_replay", bucket=bucket, tokens=fb.num_tokens)
-        if bucket not in self.static_metadata:
-            self._capture(bucket, padded)
-        self._load_static_inputs(bucket, padded)
-        static = self.static_metadata[bucket]
-        modes = api.mods["forward"].ForwardMode
-        live = mr.sglang_batch(fb)
-        static_view = mr.sglang_batch(padded, mode=modes.EXTEND if live.forward_mode == modes.MIXED
-                                      else live.forward_mode)  # MIXED replays the EXTEND-captured graphs
-        publish = api.mods["publisher"].maybe_publish_prefill_shared_read_done
-        with self._replaying(padded, static):
-            if api.semantics == "0.5.23":
-                shape_key = api.mods["shape_key"].ShapeKey(size=bucket)
-                self.stub.attn_metadata_buffers = {shape_key: static}
-                prepare = api.mods["graph_runner"].PrefillCudaGraphRunner._prepare_forward_metadata_for_replay
-                ends = prepare(self.stub, live, static_view, shape_key)
-                publish(mr, ends, self.stub.device_module)
-            else:
-                if self.contract == "bcg":
-                    mr.attn_backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
-                        static, live, static_forward_batch=static_view)
-                else:
-                    mr.attn_backend.init_forward_metadata(live)
-                    mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
-                publish(mr, live, self.stub.device_module)
-            mr.bridge_delay()
-            out = mr.run_model(padded, static_view,
-                               store_compressed=lambda layer: mr.harness_device.replay(self.graphs[bucket][layer]))
-        return out[:, : fb.num_tokens]
-
-    def _load_static_inputs(self, bucket: int, padded: ForwardBatch) -> None:
-        static = self.static_inputs[bucket]
+    def load_inputs(self, bucket: int, padded: ForwardBatch) -> None:
+        static = self.inputs[bucket]
 
         def load():
             static.compressed_new.copy_(padded.compressed_new)
@@ -635,20 +642,198 @@ class SglangPrefillGraphRunner:
 
         self.mr.harness_device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
 
-    def _capture(self, bucket: int, padded: ForwardBatch) -> None:
+    def replay_store(self, bucket: int):
+        return lambda layer: self.mr.harness_device.replay(self.layers[bucket][layer])
+
+
+class _CapturedMetadata(dict):
+    """`PrefillCudaGraphRunner.attn_metadata_buffers` (ShapeKey -> the bucket's captured metadata): a bucket
+    SGLang asks for that the harness has not captured yet is captured then."""
+
+    def __init__(self, graphs: CapturedGraphs):
+        super().__init__()
+        self.graphs = graphs
+
+    def __missing__(self, shape_key):
+        self[shape_key] = self.graphs.metadata[shape_key.size]  # captured by the replay's prep, just before
+        return self[shape_key]
+
+
+def _harness_graph_backend(base: type) -> type:
+    """SGLang's graph backend class `base` (tc_piecewise or breakable) with its `replay` the harness's: the
+    captured graphs are the harness's layers (there is no model to capture). Everything else of the
+    backend, `replay_session` included, is SGLang's."""
+
+    def replay(self, shape_key, static_forward_batch, **kwargs):
+        return self.harness_graphs.replay(shape_key, static_forward_batch, whole_model=not self.body_only)
+
+    return type(f"Harness{base.__name__}", (base,), {"replay": replay, "__doc__": _harness_graph_backend.__doc__})
+
+
+class SglangPrefillGraphRunner:
+    """SGLang's `PrefillCudaGraphRunner.execute` on a runner object built as its `__init__` builds one for
+    DSV4 prefill (no LoRA, CP, multimodal input, draft model, chunked-prefix capture or fixed context):
+    `load_batch` (the bucket, the static-buffer registry's padding, the static batch, the breakable
+    static buffers, `_prepare_forward_metadata_for_replay`), the publish, `_execute_tc_piecewise` or
+    `_execute_body_capture`, and the trim of the output to the live rows are SGLang's. Replaced: the
+    graph backend's `replay` (the harness's layers over the static batch, with the captured KV stores of
+    `CapturedGraphs`), and the capture itself. The contract names the graph backend: `fresh` the
+    tc_piecewise one (metadata planned for every replay), `bcg` the breakable one with DSV4's captured
+    metadata. The PR-era checkout's runner (other signatures) is driven by `_execute_pr_era`."""
+
+    def __init__(self, model_runner: SglangModelRunner, *, contract: str):
+        api = model_runner.api
+        self.mr, self.api, self.contract = model_runner, api, contract
+        self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
+        self.graphs = CapturedGraphs(model_runner)
+        self.runner = self._real_runner() if api.semantics == "0.5.23" else None
+        self.stub = SimpleNamespace(device_module=model_runner.device_module)
+
+    def _real_runner(self):
+        mods, mr = self.api.mods, self.mr
+        graph_runner = mods["graph_runner"]
+        runner = object.__new__(graph_runner.PrefillCudaGraphRunner)
+        breakable = self.contract == "bcg"
+        backend_cls = _harness_graph_backend(mods["breakable_backend"].BreakableCudaGraphBackend if breakable
+                                             else mods["tc_backend"].TcPiecewiseCudaGraphBackend)
+        backend = object.__new__(backend_cls)
+        backend.harness_graphs, backend.body_only = self, breakable
+        tdev = self.mr.harness_device.torch_device
+        max_bs = self.mr.session.sizes.max_reqs
+        runner.__dict__.update(
+            model_runner=mr, device=mr.device, device_module=mr.device_module, backend=backend,
+            prefill_backend_name=mods["graph_config"].Backend.BREAKABLE if breakable
+            else mods["graph_config"].Backend.TC_PIECEWISE,
+            capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
+            max_bs=max_bs, max_context_size=None, max_seq_len=None, enable_cp_bcg_capture=False,
+            prefill_cp_bcg_input=None, enable_lora=False, _capture_lora=False, is_multimodal=False,
+            is_dsv41_model=False, _use_draft_input_embeds=False, static_draft_hidden_states=None,
+            capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL, capture_return_pooled_hidden_states=False,
+            _is_full_backend=False, _capture_req_slots=1, has_mha_companion_layers=False, _qwen_bcg_hc_sidechannel=False,
+            _qwen_bcg_mtp_draft=False, prefer_eager_mixed_prefill=False,
+            # replaced: DSV4's `can_run_prefill_cuda_graph` reads the server's graph configuration (its
+            # context limit, unset by default) and the bounded-SWA replay switch (off): True for every batch
+            _backend_can_run_prefill_cuda_graph=None,
+            _capture_chunked_prefix=False, attention_layers=[], mha_companion_layers=[], moe_layers=[],
+            moe_fusions=[], dsa_indexers=None, quant_config=None, raw_num_tokens=0, raw_bs=0,
+            layer_model=mr.model.layer_model if breakable else None,
+            _prefill_static_buffers={name: torch.zeros((max_bs,), dtype=torch.int64, device=tdev)
+                                     for name in graph_runner._PREFILL_STATIC_FIELDS} if breakable else None)
+        runner.max_num_tokens = max(runner.capture_num_tokens)
+        runner.use_captured_attn_metadata = (
+            breakable and mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph)
+        runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
+        runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
+                                                 if runner.use_captured_attn_metadata else None)
+        with mods["runtime"].get_parallel().override(num_dp_ranks=1):
+            runner.buffer_registry = mods["buffer_registry"].build_prefill_registry(
+                device=tdev, max_bs=max_bs, max_num_token=runner.max_num_tokens, cache_loc_dtype=torch.int64)
+        self._order_registry_fill(runner.buffer_registry)
+        real_prepare = runner._prepare_forward_metadata_for_replay
+        runner._prepare_forward_metadata_for_replay = (
+            lambda forward_batch, static_forward_batch, shape_key:
+            self._prepare_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
+        return runner
+
+    def _order_registry_fill(self, registry) -> None:
+        """The registry's `fill_from` (SGLang's copy of a batch into the static buffers, padding reset) runs
+        as host work on the current stream, after the replays already queued there, as on CUDA."""
+        real_fill, dev = registry.fill_from, self.mr.harness_device
+
+        def fill_from(forward_batch, **kwargs):
+            with dev.host_work("PrefillCudaGraphRunner.load_batch.fill_from",
+                               reads={"fb.input_ids": None, "fb.positions": None, "fb.out_cache_loc": None},
+                               writes={"graph.static_inputs": None}):
+                return real_fill(forward_batch, **kwargs)
+
+        registry.fill_from = fill_from
+
+    def padded_for(self, bucket: int) -> ForwardBatch:
+        """The live harness batch padded to `bucket`: the model's activations padded as SGLang pads them;
+        positions, out_cache_loc and input_ids are the registry's static buffers once `load_batch` filled them."""
+        padded = pad_forward_batch(self.mr.live_batch, bucket)
+        static = self._static_batch
+        if static is None or len(static.input_ids) != bucket:
+            return padded
+        return dataclasses.replace(padded, positions=static.positions, out_cache_loc=static.out_cache_loc,
+                                   input_ids=static.input_ids)
+
+    _static_batch = None
+
+    def _prepare_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
+        """Entered from SGLang's `load_batch` once the static batch exists: the harness's side of the bucket
+        (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
+        real `_prepare_forward_metadata_for_replay`."""
+        mr, bucket = self.mr, shape_key.size
+        self._static_batch = static_forward_batch
+        padded = self.padded_for(bucket)
+        self.graphs.ensure(bucket, padded)
+        self.graphs.load_inputs(bucket, padded)
+        mr.probe.note("graph_replay", bucket=bucket, tokens=mr.live_batch.num_tokens)
+        mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
+        return real_prepare(forward_batch, static_forward_batch, shape_key)
+
+    def replay(self, shape_key, static_forward_batch, *, whole_model: bool):
+        """The captured graph of `shape_key`, replayed: the harness's layers over the padded batch and the
+        static batch, rows first as SGLang's outputs are; the whole model's output for tc_piecewise (it
+        captures the logits too), the body's hidden states for the breakable backend."""
         mr = self.mr
-        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
-        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
-        static = mr._fresh_metadata(dataclasses.replace(padded, out_cache_loc=padded.out_cache_loc.clone()))
-        self.static_metadata[bucket] = static
-        self.static_inputs[bucket] = static_fb = dataclasses.replace(
-            padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
-        graphs = []
-        for layer in range(len(mr.case.dims.layer_ratios)):
-            with mr.harness_device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
-                mr.harness.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
-            graphs.append(graph)
-        self.graphs[bucket] = graphs
+        mr.bridge_delay()
+        out = mr.run_model(mr.replay_batch, static_forward_batch,
+                           store_compressed=self.graphs.replay_store(shape_key.size)).transpose(0, 1)
+        return mr.model.logits_output(out) if whole_model else out
+
+    def _bucket(self, num_tokens: int) -> Optional[int]:
+        if num_tokens < 1 or num_tokens > self.capture_bs[-1]:
+            return None
+        return self.api.mods["base_graph_runner"].BaseCudaGraphRunner._pad_to_bucket(num_tokens, self.capture_bs)
+
+    def can_run_graph(self, fb: ForwardBatch, live) -> bool:
+        """SGLang's `can_run_graph` (and through it `can_replay_locally`: the token ceiling, the padding
+        factor, target-verify and hidden-mode refusals); the PR-era checkout's bucket and padding factor."""
+        if self.runner is not None:
+            return self.runner.can_run_graph(live)
+        bucket = self._bucket(fb.num_tokens)
+        factor = self.api.mods["graph_runner"]._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
+        return bucket is not None and bucket <= fb.num_tokens * factor
+
+    def execute(self, fb: ForwardBatch, live) -> torch.Tensor:
+        """`live`: the real ForwardBatch of `fb` the forward context holds."""
+        if self.runner is None:
+            return self._execute_pr_era(fb, live)
+        mr = self.mr
+        try:
+            output = self.runner.execute(live)
+        finally:
+            mr.replay_batch, mr.replay_static, self._static_batch = None, None, None
+        return output.hidden_states.transpose(0, 1)
+
+    def _execute_pr_era(self, fb: ForwardBatch, live) -> torch.Tensor:
+        """The PR-era checkout's replay: its own hook names, the bucket and padding the harness's."""
+        mr = self.mr
+        bucket = self._bucket(fb.num_tokens)
+        padded = pad_forward_batch(fb, bucket)
+        mr.probe.note("graph_replay", bucket=bucket, tokens=fb.num_tokens)
+        self.graphs.ensure(bucket, padded)
+        self.graphs.load_inputs(bucket, padded)
+        static = self.graphs.metadata[bucket]
+        modes = self.api.mods["forward"].ForwardMode
+        static_view = mr.sglang_batch(padded, mode=modes.EXTEND if live.forward_mode == modes.MIXED
+                                      else live.forward_mode)  # MIXED replays the EXTEND-captured graphs
+        mr.replay_batch, mr.replay_static = padded, static
+        try:
+            if self.contract == "bcg":
+                mr.attn_backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
+                    static, live, static_forward_batch=static_view)
+            else:
+                mr.attn_backend.init_forward_metadata(live)
+                mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
+            self.api.mods["publisher"].maybe_publish_prefill_shared_read_done(mr, live, self.stub.device_module)
+            mr.bridge_delay()
+            out = mr.run_model(padded, static_view, store_compressed=self.graphs.replay_store(bucket))
+        finally:
+            mr.replay_batch, mr.replay_static = None, None
+        return out[:, : fb.num_tokens]
 
 
 __all__ = ["SglangSession", "SglangModelRunner"]
