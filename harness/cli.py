@@ -15,19 +15,31 @@ import shutil
 import signal
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 from harness import nightly
 from harness.campaign import PROFILES, keeps_database, run_campaign
+from harness.case import SEMANTICS, Batch, Case, Request
+from harness.corpus import run_kill_table
+from harness.csan import second_opinion_campaign
+from harness.device import make_device, resolve_device
+from harness.engine import explore, parse_oracles, run_case
 from harness.errors import EnvironmentBroken, ExitCode, HarnessError, InvalidArgument, describe_internal_error
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
+from harness.mutants import MUTANTS
 from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
 from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
 from harness.sharding import Shard
+from harness.static_contracts import check_classes, static_section
+from harness.static_triage import static_triage, triage_classes
+from harness.target import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
+from harness.triage import ENTRY_POINTS, check_object
+from harness.versions import triage_versions
 from harness.workers import WORKERS_DIR, WorkerProcesses, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
 from reports import cli as report_cli
@@ -177,16 +189,12 @@ def main(argv=None) -> int:
 
 
 def _semantics(value: str) -> str:
-    from harness.case import SEMANTICS
-
     if value not in SEMANTICS:
         raise InvalidArgument(f"--semantics={value!r} is not one of: {', '.join(SEMANTICS)}")
     return value
 
 
 def _load_case(text: str):
-    from harness.case import Case
-
     if text.startswith("@"):
         path = Path(text[1:])
         if not path.is_file():
@@ -196,10 +204,6 @@ def _load_case(text: str):
 
 
 def cmd_run(args) -> int:
-    from harness.device import resolve_device
-    from harness.engine import parse_oracles
-    from harness.target import load_target
-
     semantics = _semantics(args.semantics)
     if args.profile not in PROFILES:
         raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
@@ -375,11 +379,6 @@ def _isolate(value: str, device: str):
 
 
 def cmd_replay(args) -> int:
-    from harness.device import resolve_device
-    from harness.engine import parse_oracles, run_case
-
-    from harness.target import load_target
-
     case = _load_case(args.case)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
@@ -396,10 +395,6 @@ def cmd_replay(args) -> int:
 
 
 def cmd_explore(args) -> int:
-    from harness.device import resolve_device
-    from harness.engine import explore, parse_oracles
-    from harness.target import load_target
-
     if resolve_device(args.device) != "cpu":
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
     if args.bound < 1:
@@ -417,9 +412,6 @@ def cmd_explore(args) -> int:
 
 
 def cmd_mutants(args) -> int:
-    from harness.corpus import run_kill_table
-    from harness.mutants import MUTANTS
-
     if args.list:
         for m in MUTANTS.values():
             print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
@@ -433,23 +425,10 @@ def cmd_mutants(args) -> int:
 
 
 def cmd_triage(args) -> int:
-    from dataclasses import asdict
-
-    from harness import static_contracts as static_check
-    from harness.campaign import run_campaign
-    from harness.case import Batch, Case, Request
-    from harness.device import make_device, resolve_device
-    from harness.engine import parse_oracles
-    from harness.target import load_target
-    from harness.triage import ENTRY_POINTS, check_object
-    from reports.writers import write_json_atomically
-
     if args.versions is not None:
-        from harness.versions import triage_versions
-
         return triage_versions(args)
     if args.static_only:
-        return static_check.static_triage(args)
+        return static_triage(args)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
     semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
@@ -462,7 +441,7 @@ def cmd_triage(args) -> int:
     breaks = check_object(backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
     for b in breaks:
         print(f"[contract] {b}")
-    static = static_check.static_section(static_check.check_classes(static_check.triage_classes(session)))
+    static = static_section(check_classes(triage_classes(session)))
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
                           examples=args.examples, mutant=args.mutant, oracles=parse_oracles(args.oracles))
     for finding in result.findings:
@@ -479,10 +458,6 @@ def cmd_triage(args) -> int:
 
 
 def cmd_csan(args) -> int:
-    from harness.csan import second_opinion_campaign
-    from harness.target import load_target
-    from reports.writers import write_json_atomically
-
     semantics = _semantics(args.semantics)
     target = load_target(args.target, mutant=args.mutant)
     summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,

@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.errors import InvalidArgument
 
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
+SANITIZER_RAW_DIR = "sanitizer"  # the sanitizer's own XML and logs, beside sanitizer.json
 CLEAN_REFERENCE = "mutants-clean.json"
 NIGHTLY, VERSIONS = "nightly.json", "versions.json"
 STEP_OUTCOMES = ("clean", "found", "broken", "skipped", "interrupted")

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import jinja2
 
-from harness.sanitizer.cli import RAW_DIR
 from reports import plots
-from reports.folder import ReportFolder
+from reports.folder import SANITIZER_RAW_DIR, ReportFolder
 from reports.junit import flatten
 from reports.verdict import judge, sanitizer_outcome
 from reports.writers import write_text_atomically
@@ -105,7 +104,7 @@ def render_html(folder: ReportFolder) -> str:
         clean_reference=folder.clean_reference,
         mutants_plot=plots.detection_times(folder.mutants) if folder.mutants else None,
         sanitizer=sanitizer and {
-            "binary": sanitizer["binary"], "error": sanitizer.get("error"), "raw_dir": RAW_DIR, "figures": sanitizer.get("figures") or {},
+            "binary": sanitizer["binary"], "error": sanitizer.get("error"), "raw_dir": SANITIZER_RAW_DIR, "figures": sanitizer.get("figures") or {},
             "figure_columns": list(dict.fromkeys(k for row in (sanitizer.get("figures") or {}).values() for k in row)),
             "tools": {tool: [{**r, "outcome": sanitizer_outcome(r)} for r in sanitizer["results"] if r["tool"] == tool]
                       for tool in dict.fromkeys(r["tool"] for r in sanitizer["results"])},
