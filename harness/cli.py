@@ -25,11 +25,12 @@ from harness.case import SEMANTICS, Batch, Case, Request
 from harness.corpus import run_kill_table
 from harness.csan import second_opinion_campaign
 from harness.device import make_device, resolve_device
-from harness.engine import explore, parse_oracles, run_case
+from harness.engine import explore, run_case
 from harness.errors import EnvironmentBroken, ExitCode, HarnessError, InvalidArgument, describe_internal_error
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
 from harness.mutants import MUTANTS
+from harness.oracles import oracle_names, parse_oracles
 from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
 from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
@@ -76,8 +77,7 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
         p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
         p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
         p.add_argument("--oracles", default=None,
-                       help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution, "
-                            "reference, contract (none given: all)")
+                       help=f"comma-separated subset of: {', '.join(oracle_names())} (none given: all)")
 
     run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     common(run)
@@ -289,6 +289,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               shard=shard, shared_databases=shared, should_stop=stop)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
+    summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
@@ -442,14 +443,16 @@ def cmd_triage(args) -> int:
     for b in breaks:
         print(f"[contract] {b}")
     static = static_section(check_classes(triage_classes(session)))
+    oracles = parse_oracles(args.oracles)
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                          examples=args.examples, mutant=args.mutant, oracles=parse_oracles(args.oracles))
+                          examples=args.examples, mutant=args.mutant, oracles=oracles)
     for finding in result.findings:
         print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
     if result.minimal:
         print(f"  replay: {result.minimal.replay}")
     report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
-              "contract_breaks": [asdict(b) for b in breaks], **static, "campaign": result.summary()}
+              "contract_breaks": [asdict(b) for b in breaks], **static,
+              "campaign": {**result.summary(), "oracles": [name for name in oracle_names() if oracles is None or name in oracles]}}
     write_json_atomically(Path(args.report_dir) / "triage.json", report)
     print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
           f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "

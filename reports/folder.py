@@ -141,6 +141,7 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
     check.need(data, "profile", "str", where, optional=True)
     check.need(data, "mutant", "str", where, optional=True)
     check.need(data, "cases_per_second", "number", where, optional=True)
+    list(check.items(data, "oracles", where, optional=True, kind="str"))
     first = check.need(data, "first_detection", "object", where, optional=True)
     if first is not None:
         check.need(first, "examples", "int", f"{where}first_detection.")
