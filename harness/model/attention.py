@@ -11,7 +11,7 @@ import math
 import torch
 
 from harness.kernels import sparse_attention_for
-from harness.kernels.torch_attention import ROW_CHUNK, sparse_attention  # noqa: F401 - the model's plain-torch attention
+from harness.kernels.torch_attention import sparse_attention  # also harness.model.attention.sparse_attention
 
 
 def sparse_attention_on(device: torch.device):
