@@ -258,7 +258,7 @@ def test_flag_probe_passes_on_the_clean_reference_and_fires_on_the_pr_era_bug():
 
 
 def test_float64_oracle_matches_on_clean_and_fires_on_wrong_attention():
-    from harness.engine import float64_oracle
+    from harness.oracles.float64 import float64_oracle
 
     case = Case(batches=(Batch(requests=(Request(140, 9), Request(3, 6))),))
     result = run_case(ReferenceTarget(), case, DEVICE)

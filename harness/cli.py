@@ -15,19 +15,32 @@ import shutil
 import signal
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 from harness import nightly
 from harness.campaign import PROFILES, keeps_database, run_campaign
+from harness.case import SEMANTICS, Batch, Case, Request
+from harness.corpus import run_kill_table
+from harness.csan import second_opinion_campaign
+from harness.device import make_device, resolve_device
+from harness.engine import explore, run_case
 from harness.errors import EnvironmentBroken, ExitCode, HarnessError, InvalidArgument, describe_internal_error
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
+from harness.mutants import MUTANTS
+from harness.oracles import oracle_names, parse_oracles
 from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
 from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
 from harness.sharding import Shard
+from harness.static_contracts import check_classes, static_section
+from harness.static_triage import static_triage, triage_classes
+from harness.target import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
+from harness.triage import ENTRY_POINTS, check_object
+from harness.versions import triage_versions
 from harness.workers import WORKERS_DIR, WorkerProcesses, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
 from reports import cli as report_cli
@@ -64,8 +77,7 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
         p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
         p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
         p.add_argument("--oracles", default=None,
-                       help="comma-separated subset of: differential, happens-before, policy, float64, kv, execution, "
-                            "reference, contract (none given: all)")
+                       help=f"comma-separated subset of: {', '.join(oracle_names())} (none given: all)")
 
     run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     common(run)
@@ -177,16 +189,12 @@ def main(argv=None) -> int:
 
 
 def _semantics(value: str) -> str:
-    from harness.case import SEMANTICS
-
     if value not in SEMANTICS:
         raise InvalidArgument(f"--semantics={value!r} is not one of: {', '.join(SEMANTICS)}")
     return value
 
 
 def _load_case(text: str):
-    from harness.case import Case
-
     if text.startswith("@"):
         path = Path(text[1:])
         if not path.is_file():
@@ -196,10 +204,6 @@ def _load_case(text: str):
 
 
 def cmd_run(args) -> int:
-    from harness.device import resolve_device
-    from harness.engine import parse_oracles
-    from harness.target import load_target
-
     semantics = _semantics(args.semantics)
     if args.profile not in PROFILES:
         raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
@@ -285,6 +289,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               shard=shard, shared_databases=shared, should_stop=stop)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
+    summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
@@ -375,11 +380,6 @@ def _isolate(value: str, device: str):
 
 
 def cmd_replay(args) -> int:
-    from harness.device import resolve_device
-    from harness.engine import parse_oracles, run_case
-
-    from harness.target import load_target
-
     case = _load_case(args.case)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
@@ -396,10 +396,6 @@ def cmd_replay(args) -> int:
 
 
 def cmd_explore(args) -> int:
-    from harness.device import resolve_device
-    from harness.engine import explore, parse_oracles
-    from harness.target import load_target
-
     if resolve_device(args.device) != "cpu":
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
     if args.bound < 1:
@@ -417,9 +413,6 @@ def cmd_explore(args) -> int:
 
 
 def cmd_mutants(args) -> int:
-    from harness.corpus import run_kill_table
-    from harness.mutants import MUTANTS
-
     if args.list:
         for m in MUTANTS.values():
             print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
@@ -433,23 +426,10 @@ def cmd_mutants(args) -> int:
 
 
 def cmd_triage(args) -> int:
-    from dataclasses import asdict
-
-    from harness import static_contracts as static_check
-    from harness.campaign import run_campaign
-    from harness.case import Batch, Case, Request
-    from harness.device import make_device, resolve_device
-    from harness.engine import parse_oracles
-    from harness.target import load_target
-    from harness.triage import ENTRY_POINTS, check_object
-    from reports.writers import write_json_atomically
-
     if args.versions is not None:
-        from harness.versions import triage_versions
-
         return triage_versions(args)
     if args.static_only:
-        return static_check.static_triage(args)
+        return static_triage(args)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
     semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
@@ -462,15 +442,17 @@ def cmd_triage(args) -> int:
     breaks = check_object(backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
     for b in breaks:
         print(f"[contract] {b}")
-    static = static_check.static_section(static_check.check_classes(static_check.triage_classes(session)))
+    static = static_section(check_classes(triage_classes(session)))
+    oracles = parse_oracles(args.oracles)
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                          examples=args.examples, mutant=args.mutant, oracles=parse_oracles(args.oracles))
+                          examples=args.examples, mutant=args.mutant, oracles=oracles)
     for finding in result.findings:
         print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
     if result.minimal:
         print(f"  replay: {result.minimal.replay}")
     report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
-              "contract_breaks": [asdict(b) for b in breaks], **static, "campaign": result.summary()}
+              "contract_breaks": [asdict(b) for b in breaks], **static,
+              "campaign": {**result.summary(), "oracles": [name for name in oracle_names() if oracles is None or name in oracles]}}
     write_json_atomically(Path(args.report_dir) / "triage.json", report)
     print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
           f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "
@@ -479,10 +461,6 @@ def cmd_triage(args) -> int:
 
 
 def cmd_csan(args) -> int:
-    from harness.csan import second_opinion_campaign
-    from harness.target import load_target
-    from reports.writers import write_json_atomically
-
     semantics = _semantics(args.semantics)
     target = load_target(args.target, mutant=args.mutant)
     summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,

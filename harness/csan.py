@@ -13,7 +13,14 @@ import contextlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import torch
+from hypothesis import HealthCheck, Phase, example, given, settings
+
+from harness.engine import run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.kernels import sparse_attention_for
+from harness.model.attention import sparse_attention
+from harness.strategies import cases, seed_cases
 
 GRAPH_BLIND = "CSAN cannot see the kernels a CUDA-graph replay launches"
 TRITON_BLIND = "CSAN cannot see Triton launches (they bypass torch's dispatcher)"
@@ -42,8 +49,6 @@ class CsanObserver:
     """
 
     def __init__(self) -> None:
-        import torch
-
         if not torch.cuda.is_available():
             raise EnvironmentBroken("CSAN needs a CUDA device: torch.cuda.is_available() is False")
         from torch.cuda import _sanitizer
@@ -115,11 +120,6 @@ class Opinions:
 
 def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: str = "reference",
                     mutant: Optional[str] = None) -> Opinions:
-    from harness.engine import run_case
-
-    from harness.kernels import sparse_attention_for
-    from harness.model.attention import sparse_attention
-
     with observer.observing() as errors:
         result = run_case(target, case, "cuda", target_spec=target_spec, mutant=mutant)
         csan = sorted({str(e) for e in errors})
@@ -134,10 +134,6 @@ def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: str = 
 def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23", target_spec: str = "reference",
                             mutant: Optional[str] = None) -> dict:
     """The protocol's seed shapes, then drawn cases (derandomized), each judged three ways."""
-    from hypothesis import HealthCheck, Phase, example, given, settings
-
-    from harness.strategies import cases, seed_cases
-
     if examples < 1:
         raise InvalidArgument(f"--examples={examples}: must be >= 1")
     observer = CsanObserver()

@@ -25,9 +25,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+import torch
+
 from harness.case import Case
-from harness.engine import Finding, replay_command
+from harness.engine import Finding, replay_command, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
+from harness.target import load_target
 
 CASE_TIMEOUT_S = 300.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine is slow
@@ -198,9 +201,6 @@ def _exit_status(returncode: int) -> str:
 
 
 def _serve(request: dict) -> dict:
-    from harness.engine import run_case
-    from harness.target import load_target
-
     try:
         target = load_target(request["target_spec"], mutant=request["mutant"])
         oracles = frozenset(request["oracles"]) if request["oracles"] is not None else None
@@ -211,8 +211,6 @@ def _serve(request: dict) -> dict:
         return {"error": {"type": kind, "message": str(exc)}}
     answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay}
     if request["device"] == "cuda":
-        import torch
-
         try:
             torch.cuda.synchronize()
         except RuntimeError as exc:  # a sticky CUDA error: every later case in this process would fail

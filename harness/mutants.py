@@ -15,7 +15,7 @@ from harness.errors import InvalidArgument
 from harness.model import runners
 from harness.model.backend import AttentionBackend, DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
-from harness.model.metadata import COPY_IN_PLACE, DSV4AttnMetadata, DSV4Metadata, _now
+from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD, COPY_IN_PLACE, DSV4AttnMetadata, DSV4Metadata, _now
 from harness.model.pools import staged
 from harness.model.runners import ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
@@ -269,8 +269,6 @@ def _base_hook_declares_pre_replay() -> Classes:
 @mutant("threshold_off_by_one", "the forward decides sparse at >= the threshold, the snapshot at >",
         "#35947 test_snapshot_builds_cache_only_for_sparse_prefill", "policy")
 def _threshold_off_by_one() -> Classes:
-    from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
-
     def forward_layers(self, fb, out, store_compressed=None):
         self._in_forward = True
         try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
-import importlib
 import inspect
 import linecache
 import sys
@@ -32,8 +31,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.errors import EnvironmentBroken, ExitCode
-from harness.sglang_target import _api
 from harness.triage import _short
 
 
@@ -601,46 +598,11 @@ def check_classes(classes: Iterable[type], packages: Iterable[str] | None = None
     return [check_class(c, packages) for c in classes]
 
 
-# -- what triage checks ------------------------------------------------------------------------------------
+# -- the section triage writes -----------------------------------------------------------------------------
 
-# The real SGLang modules the sglang target drives, and the eager runner, whose call sequence it replicates.
-SGLANG_MODULES = (_api.BACKEND, _api.BASE_BACKEND, _api.SPARSE_UTILS, _api.GRAPH_RUNNER, _api.BASE_GRAPH_RUNNER,
-                  _api.PUBLISHER, _api.SPEC, "sglang.srt.model_executor.runner.eager_runner")
-
-
-def _module_classes(modules) -> list[type]:
+def module_classes(modules) -> list[type]:
+    """The classes each module defines itself (not those it imports)."""
     return [obj for m in modules for obj in vars(m).values() if inspect.isclass(obj) and obj.__module__ == m.__name__]
-
-
-def sglang_classes() -> tuple[list[type], list[str]]:
-    """Every class of the sglang modules the target drives, imported by name (so also on versions the target
-    cannot drive), and the modules this version does not have. Any other import failure is a broken environment."""
-    _api.prepare_triton()
-    modules, missing = [], []
-    for name in SGLANG_MODULES:
-        try:
-            modules.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if not (exc.name and name.startswith(exc.name)):  # a dependency is missing, not the module
-                raise EnvironmentBroken(f"static check: importing {name} failed: {exc}") from None
-            missing.append(name)
-        except Exception as exc:  # noqa: BLE001 - sglang raises anything at import when its pins are not met
-            raise EnvironmentBroken(f"static check: importing {name} failed: {type(exc).__name__}: {exc}") from None
-    if _api.BACKEND in missing:
-        raise EnvironmentBroken(f"static check: this sglang has no {_api.BACKEND}")
-    return _module_classes(modules), missing
-
-
-def triage_classes(session) -> list[type]:
-    """The classes triage checks on the source: for the sglang target every class of the real modules it
-    drives; otherwise the built backend, runner and scheduler classes and every class of their modules."""
-    if getattr(session, "api", None) is not None:
-        return sglang_classes()[0]
-    runner = session.model_runner
-    explicit = [type(runner.attn_backend), type(runner), type(getattr(session, "scheduler", runner))]
-    metadata = getattr(runner.attn_backend, "metadata_cls", None)
-    explicit += [metadata] if isinstance(metadata, type) else []
-    return list(dict.fromkeys(explicit + _module_classes(sys.modules[k.__module__] for k in explicit)))
 
 
 def static_section(reports: list[StaticReport]) -> dict:
@@ -654,30 +616,3 @@ def static_section(reports: list[StaticReport]) -> dict:
     return {"static_breaks": [asdict(b) for b in breaks], "static_unknowable": [asdict(o) for o in unknowable],
             "static_subclass_hooks": [asdict(h) for r in reports for h in r.hooks],
             "static_classes": [r.cls for r in reports]}
-
-
-def static_triage(args) -> int:
-    """`triage --static-only`: the source check alone (no object built, no campaign). With --target sglang the
-    modules are imported by name, so it also runs on versions the target cannot drive."""
-    from reports.writers import write_json_atomically
-
-    missing: list[str] = []
-    if args.target == "sglang":
-        from importlib.metadata import version
-
-        classes, missing = sglang_classes()
-        name = f"sglang-{version('sglang')}"
-    else:
-        from harness.case import Batch, Case, Request
-        from harness.device import SimDevice
-        from harness.target import load_target
-
-        target = load_target(args.target, mutant=args.mutant)
-        classes = triage_classes(target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice()))
-        name = getattr(target, "name", args.target)
-    section = static_section(check_classes(classes))
-    path = Path(args.report_dir) / "triage.json"
-    write_json_atomically(path, {"target": name, "static_only": True, "static_missing_modules": missing, **section})
-    print(f"{len(section['static_breaks'])} static break(s) in {len(classes)} classes"
-          f"{f' ({len(missing)} module(s) absent: ' + ', '.join(missing) + ')' if missing else ''}; report: {path}")
-    return ExitCode.FOUND if section["static_breaks"] else ExitCode.OK

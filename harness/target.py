@@ -190,31 +190,36 @@ class ReferenceTarget:
         return ReferenceSession(case, device, self.classes)
 
 
-def load_target(spec: str, *, mutant: str | None = None) -> Target:
-    """`reference`, `sglang`, or `module:factory`."""
-    if mutant is not None:
-        if spec != "reference":
-            raise InvalidArgument(f"--mutant applies to --target reference only, not {spec!r}")
-        from harness.mutants import mutant_target
+# The built-in `--target` names, as `module:factory` strings resolved like any other: the target module
+# never imports the targets built on it (the sglang target, the seeded bugs), so they sit above it.
+BUILTIN_TARGETS = {"reference": "harness.target:ReferenceTarget", "sglang": "harness.sglang_target:make_target"}
+MUTANT_FACTORY = "harness.mutants:mutant_target"  # --mutant NAME: the reference with one seeded bug
 
-        return mutant_target(mutant)
-    if spec == "reference":
-        return ReferenceTarget()
-    if spec == "sglang":
-        from harness.sglang_target import SglangTarget
 
-        return SglangTarget()
+def _resolve(spec: str, shown: str) -> Callable:
+    """The callable a `module:factory` string names; `shown` is the --target value in the messages."""
     module_name, sep, factory_name = spec.partition(":")
     if not sep or not module_name or not factory_name:
-        raise InvalidArgument(f"--target={spec!r} is not one of: reference, sglang, MODULE:FACTORY")
+        raise InvalidArgument(f"--target={shown!r} is not one of: {', '.join(BUILTIN_TARGETS)}, MODULE:FACTORY")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EnvironmentBroken(f"--target {spec}: cannot import {module_name!r} ({exc})") from None
+        raise EnvironmentBroken(f"--target {shown}: cannot import {module_name!r} ({exc})") from None
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        raise InvalidArgument(f"--target {spec}: {module_name!r} has no callable {factory_name!r}")
-    target = factory()
+        raise InvalidArgument(f"--target {shown}: {module_name!r} has no callable {factory_name!r}")
+    return factory
+
+
+def load_target(spec: str, *, mutant: str | None = None) -> Target:
+    """`reference`, `sglang` (the names of BUILTIN_TARGETS), or `module:factory`."""
+    if mutant is not None:
+        if spec != "reference":
+            raise InvalidArgument(f"--mutant applies to --target reference only, not {spec!r}")
+        return _resolve(MUTANT_FACTORY, spec)(mutant)
+    if spec in BUILTIN_TARGETS:
+        return _resolve(BUILTIN_TARGETS[spec], spec)()
+    target = _resolve(spec, spec)()
     if not callable(getattr(target, "open", None)):
         raise InvalidArgument(f"--target {spec}: the factory's result has no open(case, device) method")
     return target

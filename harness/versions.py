@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.sglang_target._api import BACKEND
+from reports.writers import write_json_atomically
 
 BACKEND_FILE = BACKEND.replace(".", "/") + ".py"
 MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -376,8 +377,6 @@ def inner_triage(*, examples: int, device: str, root: Path) -> Triage:
 
 def triage_versions(args) -> int:
     """`python -m harness triage --versions ...`: print each version's verdict and the first failing one."""
-    from reports.writers import write_json_atomically
-
     versions = parse_versions(args.versions)
     report_dir = Path(args.report_dir)
     root = project_root()

@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.errors import InvalidArgument
 
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
+SANITIZER_RAW_DIR = "sanitizer"  # the sanitizer's own XML and logs, beside sanitizer.json
 CLEAN_REFERENCE = "mutants-clean.json"
 NIGHTLY, VERSIONS = "nightly.json", "versions.json"
 STEP_OUTCOMES = ("clean", "found", "broken", "skipped", "interrupted")
@@ -140,6 +141,7 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
     check.need(data, "profile", "str", where, optional=True)
     check.need(data, "mutant", "str", where, optional=True)
     check.need(data, "cases_per_second", "number", where, optional=True)
+    list(check.items(data, "oracles", where, optional=True, kind="str"))
     first = check.need(data, "first_detection", "object", where, optional=True)
     if first is not None:
         check.need(first, "examples", "int", f"{where}first_detection.")

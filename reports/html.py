@@ -6,15 +6,13 @@ replay command, then each run's section. A part whose file is absent is left out
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
 import jinja2
 
-from harness.sanitizer.cli import RAW_DIR
 from reports import plots
-from reports.folder import ReportFolder
+from reports.folder import SANITIZER_RAW_DIR, ReportFolder
 from reports.junit import flatten
 from reports.verdict import judge, sanitizer_outcome
 from reports.writers import write_text_atomically
@@ -22,23 +20,29 @@ from reports.writers import write_text_atomically
 INDEX = "index.html"
 TEMPLATES = Path(__file__).parent / "templates"
 
-# The engine's messages for a differing output and a float64 mismatch (harness/engine.py).
-_DIFFERS = re.compile(r"first at (?P<where>.+): overlapped (?P<overlapped>\S+), barriered (?P<barriered>\S+)$")
-_FLOAT64 = re.compile(r"max error (?P<error>\S+) > (?P<tolerance>\S+) at (?P<where>.+)$")
-
-
 def first_difference(finding: dict) -> list[tuple[str, str]]:
-    """The first differing values a finding names, as (label, value) rows; [] when it names none."""
-    message = finding["message"].strip()
-    match = _DIFFERS.search(message)
-    if match:
-        tensor = (finding.get("details") or {}).get("tensor") or message.split(":", 1)[0]
-        return [("output", tensor), ("first at", match["where"]), ("overlapped run", match["overlapped"]),
-                ("barriered run", match["barriered"])]
-    match = _FLOAT64.search(message)
-    if match:
-        return [("at", match["where"]), ("max error", match["error"]), ("tolerance", match["tolerance"])]
+    """The first differing values a finding's details name, as (label, value) rows; [] when they name none.
+    Only the structured details are read (`harness/findings.py` lists them): the message is for people,
+    and rewording it changes nothing here."""
+    details = finding.get("details") or {}
+    if "overlapped" in details and "barriered" in details:  # a differing output
+        return ([("output", str(details["tensor"]))] + _row(details) + [("index", str(details["index"]))]
+                + [("overlapped run", str(details["overlapped"])), ("barriered run", str(details["barriered"]))])
+    if "max_error" in details:  # a float64 mismatch
+        return ([("layer", f"{details['layer']} (ratio {details['ratio']})")] + _row(details)
+                + [("max error", str(details["max_error"])), ("tolerance", str(details["tolerance"]))])
     return []
+
+
+def _row(details: dict) -> list[tuple[str, str]]:
+    """The request and token row a difference is in, where the details name them."""
+    rows = []
+    if "request" in details:
+        pool = f" (pool row {details['pool_row']})" if "pool_row" in details else ""
+        rows.append(("request", f"{details['request']}{pool}"))
+    if "token_row" in details:
+        rows.append(("token row", f"{details['token_row']} at position {details['position']}"))
+    return rows
 
 
 def group_findings(findings: list[dict]) -> list[dict]:
@@ -105,7 +109,7 @@ def render_html(folder: ReportFolder) -> str:
         clean_reference=folder.clean_reference,
         mutants_plot=plots.detection_times(folder.mutants) if folder.mutants else None,
         sanitizer=sanitizer and {
-            "binary": sanitizer["binary"], "error": sanitizer.get("error"), "raw_dir": RAW_DIR, "figures": sanitizer.get("figures") or {},
+            "binary": sanitizer["binary"], "error": sanitizer.get("error"), "raw_dir": SANITIZER_RAW_DIR, "figures": sanitizer.get("figures") or {},
             "figure_columns": list(dict.fromkeys(k for row in (sanitizer.get("figures") or {}).values() for k in row)),
             "tools": {tool: [{**r, "outcome": sanitizer_outcome(r)} for r in sanitizer["results"] if r["tool"] == tool]
                       for tool in dict.fromkeys(r["tool"] for r in sanitizer["results"])},

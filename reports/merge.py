@@ -108,6 +108,7 @@ def merge_summaries(sources: list[tuple[str, dict]], *, duration_s: float | None
         replayed_from_db=sum(s.get("replayed_from_db") or 0 for _, s in sources),
         stand_ins=list({row["module"]: row for _, s in sources for row in s.get("stand_ins") or []}.values()),
         workers=[row for label, s in sources for row in worker_rows(label, s)],
+        oracles=first.get("oracles"),
     )
     coverage = [s["coverage"] for _, s in sources if s.get("coverage")]
     if coverage:

@@ -15,11 +15,12 @@ import torch
 from harness.case import Batch, Case, Mutation, Request
 from harness.device import SimDevice
 from harness.device.cuda import CudaDevice
-from harness.engine import execute, hb_oracle, run_case
+from harness.engine import execute, run_case
 from harness.errors import InvalidArgument
 from harness.hb import HappensBefore
 from harness.model.runners import ModelRunner
 from harness.observe import Observer, issuing_frame, kernel_access_kinds
+from harness.oracles.happens_before import hb_oracle
 from harness.target import Classes, ReferenceTarget
 
 F, S = 1001, 1002  # two synthetic stream ids

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.case import Batch, Case, Mutation, Request
 from harness.cli import main
+from harness.engine import run_case
+from harness.mutants import mutant_target
 from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder
@@ -23,11 +27,12 @@ pytest_plugins = ["pytester"]  # the reporting plugin is checked in an inner pyt
 REPLAY = "python -m harness replay --target reference --mutant snapshot_skipped --device cpu --case '{}'"
 DIFF_MESSAGE = ("host_kv: 216 element(s) differ from the barriered run; first at index [0, 1, 0]: "
                 "overlapped 0, barriered 0.188595")
+DIFF_DETAILS = {"tensor": "host_kv", "count": 216, "index": [0, 1, 0], "overlapped": "0", "barriered": "0.188595"}
 
 
 def finding(oracle="differential", kind="output-differs", message=DIFF_MESSAGE, **extra) -> dict:
     return {"oracle": oracle, "kind": kind, "message": message, "batch": 0, "severity": "correctness",
-            "details": {"tensor": "host_kv"}, "case": {}, "case_summary": "sem=0.5.23 spec=NONE [EXTEND 9+6]",
+            "details": DIFF_DETAILS, "case": {}, "case_summary": "sem=0.5.23 spec=NONE [EXTEND 9+6]",
             "replay": REPLAY, **extra}
 
 
@@ -291,13 +296,35 @@ def test_found_wins_over_broken_and_both_are_listed(tmp_path):
     assert "survived" not in verdict.reason
 
 
-def test_first_differing_values_come_from_the_message():
+def test_first_differing_values_come_from_the_details():
     rows = dict(first_difference(finding()))
-    assert rows == {"output": "host_kv", "first at": "index [0, 1, 0]", "overlapped run": "0", "barriered run": "0.188595"}
+    assert rows == {"output": "host_kv", "index": "[0, 1, 0]", "overlapped run": "0", "barriered run": "0.188595"}
     f64 = finding("float64", "attention-mismatch", "batch 0 layer 1 (ratio 4): max error 0.5 > 1e-05 at token row 2 "
-                  "(request 0, position 7)")
-    assert dict(first_difference(f64))["max error"] == "0.5"
-    assert first_difference(finding("happens-before", "unordered-access", "race on 'x'")) == []
+                  "(request 0, position 7)", details={"layer": 1, "ratio": 4, "token_row": 2, "request": 0,
+                                                      "position": 7, "max_error": "0.5", "tolerance": 1e-05})
+    assert dict(first_difference(f64)) == {"layer": "1 (ratio 4)", "request": "0", "token row": "2 at position 7",
+                                           "max error": "0.5", "tolerance": "1e-05"}
+    assert first_difference(finding("happens-before", "unordered-access", "race on 'x'", details={"buffer": "x"})) == []
+
+
+def test_rewording_a_message_does_not_empty_the_report(tmp_path):
+    """The page reads the finding's details, never its wording: a message said another way (or in another
+    language) shows the same first differing values."""
+    reworded = finding(message="host_kv changed under overlap (see the details)")
+    assert first_difference(reworded) == first_difference(finding())
+    page = render_html(load_folder(write_folder(tmp_path, summary_json=summary([reworded]))))
+    assert "first differing values" in page and "0.188595" in page
+
+
+def test_a_real_differing_output_carries_its_first_difference_in_details():
+    """From the engine through the page: the seeded bug's differing output names its tensor, row and values."""
+    case = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
+    findings = [f for f in run_case(mutant_target("scheduler_no_wait"), case).findings if f.kind == "output-differs"]
+    assert findings, "the seeded bug was not found"
+    rows = dict(first_difference(dataclasses.asdict(findings[0])))
+    assert rows["output"] == findings[0].details["tensor"]
+    assert {"request", "token row", "index", "overlapped run", "barriered run"} <= set(rows)
+    assert rows["overlapped run"] in findings[0].message and rows["barriered run"] in findings[0].message
 
 
 # -- corrupt or partial files ---------------------------------------------------------------------

@@ -20,7 +20,8 @@ from harness.cli import main
 from harness.device import SimDevice
 from harness.model import backend as reference_backend
 from harness.model.runners import ModelRunner
-from harness.static_contracts import check_class, check_classes, triage_classes
+from harness.static_contracts import check_class, check_classes
+from harness.static_triage import triage_classes
 from harness.target import Classes, ReferenceTarget
 from harness.triage import check_object
 

@@ -8,7 +8,10 @@ same happens-before tracker in host issue order, so its verdict does not depend 
 
 from __future__ import annotations
 
+import torch
+
 from harness.device.base import Device, Event, GraphCapture, OpFailed, Stream
+from harness.device.cuda import CudaDevice
 from harness.device.sim import SimDevice
 from harness.errors import EnvironmentBroken, InvalidArgument
 
@@ -21,8 +24,6 @@ def resolve_device(name: str) -> str:
         raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
     if name == "cpu":
         return name
-    import torch
-
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not torch.cuda.is_available():
@@ -35,6 +36,4 @@ def make_device(name: str, *, schedule: str = "adversarial", observe: bool = Fal
     kind = resolve_device(name)
     if kind == "cpu":
         return SimDevice(schedule=schedule, observe=observe)
-    from harness.device.cuda import CudaDevice
-
     return CudaDevice(observe=observe)

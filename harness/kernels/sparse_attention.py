@@ -1,4 +1,4 @@
-"""Sparse attention on the GPU: a Triton twin of `harness.model.attention.sparse_attention`.
+"""Sparse attention on the GPU: a Triton twin of `harness.kernels.torch_attention.sparse_attention`.
 
 Same signature and semantics (q [T, H, D], one latent kv head [N, D] where K equals V, index rows
 [T, W] with -1 = skip, a per-head sink that joins the softmax as a virtual key of value 0), fp32
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.kernels.torch_attention import sparse_attention
 
 MAX_HEAD_DIM = 512
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -150,8 +151,6 @@ def triton_sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Te
 def sparse_attention_for(device_type: str | torch.device) -> Callable[..., torch.Tensor]:
     """The sparse attention the model should call on this device: the Triton kernel on CUDA when it
     is available, else the plain torch implementation."""
-    from harness.model.attention import sparse_attention
-
     if torch.device(device_type).type == "cuda" and available():
         return triton_sparse_attention
     return sparse_attention

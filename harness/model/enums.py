@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from harness.errors import InvalidArgument
+
 
 class ForwardMode(enum.Enum):
     EXTEND = "extend"
@@ -70,8 +72,6 @@ class SpeculativeAlgorithm(enum.Enum):
         try:
             return cls[key]
         except KeyError:
-            from harness.errors import InvalidArgument
-
             allowed = ", ".join([m.name for m in cls] + ["MTP"])
             raise InvalidArgument(f"spec_algorithm={name!r} is not one of: {allowed}") from None
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from harness.model.attention import sparse_attention_on
 from harness.model.backend import DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import DSV4Metadata
@@ -276,8 +277,6 @@ class ModelRunner:
             indices.copy_(swa_window_indices(r2t, f2s, rpi, fb.positions[:rows], self.dims.swa_window)[0])
 
         def draft_attention():
-            from harness.model.attention import sparse_attention_on
-
             draft_out.copy_(sparse_attention_on(r2t.device)(fb.q[0, :rows], pool.swa_kv[0], indices, self.sink[0],
                                              self.dims.head_dim ** -0.5))
 

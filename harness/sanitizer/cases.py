@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
+from harness.case import Batch, Case, Mutation, Request
+from harness.engine import run_case
 from harness.errors import InvalidArgument
-from harness.sanitizer import sglang_cases
+from harness.kernels.sparse_attention import triton_sparse_attention
+from harness.model.attention import sparse_attention
+from harness.sanitizer import planted, sglang_cases
+from harness.target import ReferenceTarget
 
 TOOLS = ("racecheck", "synccheck", "memcheck", "initcheck")
 CLEAN = "clean"
@@ -53,8 +60,6 @@ def triton_kernel_names() -> list[str]:
 
 def _attention_inputs(tokens: int, heads: int, dim: int, slots: int, width: int):
     """Built on the host and copied over, so initcheck sees them written whatever kernels it filters."""
-    import torch
-
     gen = torch.Generator().manual_seed(tokens)
     q = torch.randn(tokens, heads, dim, generator=gen)
     kv = torch.randn(slots, dim, generator=gen)
@@ -66,15 +71,9 @@ def _attention_inputs(tokens: int, heads: int, dim: int, slots: int, width: int)
 
 def _attention(geometry: str, graph: bool) -> Callable[[], list[str]]:
     def run() -> list[str]:
-        import torch
-
-        from harness.model.attention import sparse_attention
-
         names = triton_kernel_names()
         if names:
-            from harness.kernels.sparse_attention import (
-                triton_sparse_attention as kernel,
-            )
+            kernel = triton_sparse_attention
         else:  # no Triton here: the torch twin, with every kernel checked
             kernel, names = sparse_attention, ["torch:sparse_attention"]
         (q, kv, indices, sink), scale = _attention_inputs(**ATTENTION_GEOMETRIES[geometry])
@@ -102,10 +101,6 @@ def _attention(geometry: str, graph: bool) -> Callable[[], list[str]]:
 
 def _metadata(geometry: str, graph: bool) -> Callable[[], list[str]]:
     def run() -> list[str]:
-        from harness.case import Batch, Case, Mutation, Request
-        from harness.engine import run_case
-        from harness.target import ReferenceTarget
-
         requests = tuple(Request(p, e) for p, e in METADATA_GEOMETRIES[geometry])
         case = Case(batches=(Batch(requests=requests, graph=graph, mutations=(Mutation("swa_clear", count=2),)),))
         result = run_case(ReferenceTarget(), case, "cuda")
@@ -118,8 +113,6 @@ def _metadata(geometry: str, graph: bool) -> Callable[[], list[str]]:
 
 def _planted(bug: str | None) -> Callable[[], list[str]]:
     def run() -> list[str]:
-        from harness.sanitizer import planted
-
         return planted.run(bug)
 
     return run

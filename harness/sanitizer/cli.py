@@ -18,11 +18,17 @@ import statistics
 from pathlib import Path
 
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
+from harness.sanitizer.binary import find_sanitizer
+from harness.sanitizer.cases import TOOLS, cases_of, get_case
+from harness.sanitizer.runner import run_all
+from harness.sanitizer.sglang_cases import kernel_module
+from reports.folder import SANITIZER as REPORT_NAME
+from reports.folder import SANITIZER_RAW_DIR as RAW_DIR
+from reports.verdict import BROKEN, FOUND, sanitizer_outcome
+from reports.writers import write_json_atomically
 
 TOOL_CHOICES = ("racecheck", "synccheck", "memcheck", "initcheck", "all")
 TARGETS = ("reference", "sglang")
-REPORT_NAME = "sanitizer.json"
-RAW_DIR = "sanitizer"
 
 
 def add_parser(sub) -> None:
@@ -37,8 +43,6 @@ def add_parser(sub) -> None:
 
 
 def _select(args):
-    from harness.sanitizer.cases import TOOLS, cases_of, get_case
-
     if args.tool not in TOOL_CHOICES:
         raise InvalidArgument(f"--tool={args.tool!r} is not one of: {', '.join(TOOL_CHOICES)}")
     if args.target not in TARGETS:
@@ -88,12 +92,6 @@ def _line(r) -> str:
 
 
 def run(args) -> int:
-    from harness.sanitizer.binary import find_sanitizer
-    from harness.sanitizer.runner import run_all
-    from harness.sanitizer.sglang_cases import kernel_module
-    from reports.verdict import BROKEN, FOUND, sanitizer_outcome
-    from reports.writers import write_json_atomically
-
     tools, cases = _select(args)
     if args.target == "sglang":
         kernel_module()  # sglang missing: exit 3 before any run, not a never-ran per case

@@ -35,10 +35,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator
 
+import torch
+
+from harness.case import Batch, Case, Mutation, Request
+from harness.engine import run_case
 from harness.errors import EnvironmentBroken
 from harness.sglang_target._api import KERNELS as KERNEL_MODULE
 from harness.sglang_target._api import TRITON_KERNELS as SGLANG_KERNELS
 from harness.sglang_target._api import prepare_triton
+from harness.target import load_target
 
 # name -> (tool, finding kind, kernel, (old, new)): one textual edit of SGLang's kernel file.
 PLANTED_EDITS = {
@@ -111,8 +116,6 @@ def launched_kernels(module: ModuleType) -> Iterator[list[str]]:
 # -- the kernels' inputs and what their docstrings say they return -------------------------------------------
 
 def _inputs(geometry: str, device, seed: int):
-    import torch
-
     requests, window, topk, ratio = GEOMETRIES[geometry]
     gen = torch.Generator().manual_seed(seed)
     seq = torch.tensor([s for s, _ in requests], dtype=torch.int32)
@@ -145,8 +148,6 @@ def _inputs(geometry: str, device, seed: int):
 
 
 def _expected_swa_ids(x: dict, window: int):
-    import torch
-
     seq, ext = x["seq_lens"].cpu(), x["extend_seq_lens"].cpu()
     r2t, f2s, rpi = x["req_to_token"].cpu(), x["full_to_swa"].cpu(), x["req_pool_indices"].cpu()
     parts = []
@@ -158,8 +159,6 @@ def _expected_swa_ids(x: dict, window: int):
 
 
 def _expected_combined(x: dict, window: int, topk: int, ratio: int, explicit: bool, width: int):
-    import torch
-
     loc, pos_all = x["query_start_loc"].cpu(), x["query_pos"].cpu()
     seq, gather = x["seq_lens"].cpu(), x["gather_lens"].cpu()
     cbase, sbase = x["compressed_base"].cpu(), x["swa_base"].cpu()
@@ -185,8 +184,6 @@ def _expected_combined(x: dict, window: int, topk: int, ratio: int, explicit: bo
 
 
 def _check(what: str, got, want) -> None:
-    import torch
-
     if not torch.equal(got.cpu(), want):
         bad = (got.cpu() != want).nonzero()[0].tolist()
         raise AssertionError(f"SGLang's {what} differs from its specification at {bad}: "
@@ -224,8 +221,6 @@ def _judge(module: ModuleType, x: dict, window: int, topk: int, ratio: int, out:
 def run_kernels(module: ModuleType, *, graph: bool, device: str = "cuda", geometries=tuple(GEOMETRIES),
                 check: bool = True) -> list[str]:
     """SGLang's kernels on each geometry, eagerly or as a captured graph replayed over new inputs."""
-    import torch
-
     with launched_kernels(module) as seen:
         for geometry in geometries:
             x, window, topk, ratio = _inputs(geometry, device, seed=1)
@@ -255,10 +250,6 @@ def run_kernels(module: ModuleType, *, graph: bool, device: str = "cuda", geomet
 
 def run_prefill(*, graph: bool, device: str = "cuda") -> list[str]:
     """One harness case through `--target sglang`: SGLang's runner, backend, chunk cache and publisher."""
-    from harness.case import Batch, Case, Mutation, Request
-    from harness.engine import run_case
-    from harness.target import load_target
-
     target = load_target("sglang")
     module = kernel_module()
     requests = (Request(12, 6), Request(0, 9), Request(140, 3))

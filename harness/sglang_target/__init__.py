@@ -19,7 +19,11 @@ torchvision, which sglang imports):
 from __future__ import annotations
 
 from harness.case import Case
+from harness.sglang_target import differential
 from harness.sglang_target._api import SglangApi, load_api
+from harness.sglang_target.classes import sglang_classes
+from harness.sglang_target.session import SglangSession
+from harness.static_contracts import check_classes
 
 
 class SglangTarget:
@@ -36,8 +40,6 @@ class SglangTarget:
         self._contract_breaks: list[str] | None = None
 
     def open(self, case: Case, device):
-        from harness.sglang_target.session import SglangSession
-
         return SglangSession(self.api, case, device)
 
     def contract_breaks(self) -> list[str]:
@@ -45,16 +47,12 @@ class SglangTarget:
         The session builds the backend without its `__init__` (as SGLang's unit tests do), so a deleted
         assignment there changes no run; only the source shows it."""
         if self._contract_breaks is None:
-            from harness.static_contracts import check_classes, sglang_classes
-
             self._contract_breaks = [str(b) for r in check_classes(sglang_classes()[0]) for b in r.breaks]
         return self._contract_breaks
 
     def reference_differences(self, case: Case, device_name: str) -> dict[str, str]:
         """The `reference` oracle's question: {field: what differs} between this code and the model."""
-        from harness.sglang_target.differential import differential_details
-
-        return differential_details(case, target=self, device=device_name)
+        return differential.differential_details(case, target=self, device=device_name)
 
 
 def make_target() -> SglangTarget:
@@ -66,9 +64,7 @@ def differential_against_reference(case: Case, *, target: SglangTarget | None = 
                                    device: str = "cpu") -> list[str]:
     """Names of the fields where the real SGLang code and the reference model (or `reference`) disagree,
     both run on `device` ("cpu": the simulator, or "cuda")."""
-    from harness.sglang_target.differential import differential_against_reference as run
-
-    return run(case, target=target, reference=reference, device=device)
+    return differential.differential_against_reference(case, target=target, reference=reference, device=device)
 
 
 __all__ = ["SglangTarget", "make_target", "differential_against_reference"]

@@ -23,7 +23,7 @@ import torch
 from harness.case import Case
 from harness.device import make_device
 from harness.model.enums import ForwardMode
-from harness.target import ReferenceTarget, load_batch
+from harness.target import ReferenceTarget, load_batch, load_target
 from harness.world import PoolSizes, build_world
 
 CACHE_FIELDS = ("swa_token_ids", "swa_offsets", "swa_first_pos", "swa_gather_lens", "query_pos",
@@ -162,10 +162,8 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
 
 
 def differential_details(case: Case, *, target=None, reference=None, device: str = "cpu") -> dict[str, str]:
-    from harness.sglang_target import SglangTarget
-
     case.validate()
-    target = target or SglangTarget()
+    target = target or load_target("sglang")
     return compare(case, _run(target, case, device), _run(reference or ReferenceTarget(), case, device))
 
 

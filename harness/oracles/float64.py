@@ -1,0 +1,59 @@
+"""`float64`: the barriered run's attention against a float64 reference computed from positions and latents
+alone (`harness.model.attention.reference_attention`), which never reads the tables the target built."""
+
+from __future__ import annotations
+
+from harness.case import Case
+from harness.findings import Finding, RunRecord
+from harness.model.attention import reference_attention
+from harness.oracles.registry import Judged, oracle
+
+FLOAT64_ATOL = 1e-4
+FLOAT64_MAX_ROWS = 256  # rows checked per layer on big batches: both ends plus an even sample
+
+
+def where(details: dict) -> str:
+    """The row a float64 mismatch's details name, as the message and the page print it."""
+    return f"token row {details['token_row']} (request {details['request']}, position {details['position']})"
+
+
+def _barriered_ran(judged: Judged) -> bool:
+    return judged.barriered.crash is None
+
+
+@oracle("float64", "the barriered attention differs from a float64 reference computed from positions",
+        applies=_barriered_ran)
+def float64_check(judged: Judged) -> list[Finding]:
+    return float64_oracle(judged.case, judged.barriered)
+
+
+def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
+    out = []
+    for index, outputs in enumerate(run.outputs):
+        world = run.worlds[index]
+        if "attention" not in outputs or world.num_tokens == 0:
+            continue
+        got = outputs["attention"]
+        rows = _rows_to_check(world.num_tokens)
+        for layer in range(len(case.dims.layer_ratios)):
+            want = reference_attention(world, layer, rows=rows)
+            err = (got[layer, rows].double() - want).abs()
+            worst = float(err.max()) if err.numel() else 0.0
+            if not worst <= FLOAT64_ATOL:  # NaN fails too
+                flat = int(err.flatten().nan_to_num(float("inf")).argmax())
+                row = rows[flat // (err.shape[1] * err.shape[2])]
+                r, pos = list(world.token_rows())[row]
+                details = {"layer": layer, "ratio": case.dims.layer_ratios[layer], "token_row": row, "request": r,
+                           "position": pos, "max_error": f"{worst:.3g}", "tolerance": FLOAT64_ATOL}
+                out.append(Finding("float64", "attention-mismatch",
+                                   f"batch {index} layer {layer} (ratio {details['ratio']}): max error "
+                                   f"{details['max_error']} > {FLOAT64_ATOL} at {where(details)}", index, details=details))
+                break
+    return out
+
+
+def _rows_to_check(total: int) -> list[int]:
+    if total <= FLOAT64_MAX_ROWS:
+        return list(range(total))
+    step = total / (FLOAT64_MAX_ROWS - 2)
+    return sorted({0, total - 1, *(int(i * step) for i in range(FLOAT64_MAX_ROWS - 2))})

@@ -1,0 +1,67 @@
+"""`policy`: publication as the design says (`harness.policy`), and the target's own decisions (its probe
+notes) consistent with each other."""
+
+from __future__ import annotations
+
+from harness.case import Case
+from harness.findings import Finding
+from harness.oracles.registry import Judged, oracle
+from harness.policy import expected_publish, runs_graph
+
+
+@oracle("policy", "publication not as the design says, or the target's own decisions inconsistent")
+def policy_oracle(judged: Judged) -> list[Finding]:
+    case, run = judged.case, judged.overlapped
+    out = []
+    for index, notes in enumerate(run.notes):
+        batch = case.batches[index]
+        kinds = [k for k, _ in notes]
+        published = "publish" in kinds
+        if run.crash and run.crash[0] == index and not published:
+            continue
+        want, rule = expected_publish(case, batch)
+        if published and not want:
+            out.append(Finding("policy", "unexpected-publish", f"batch {index} published although {rule}", index))
+        elif want and not published:
+            out.append(Finding("policy", "missed-fast-path",
+                               f"batch {index} should publish ({rule}) but did not: the scheduler falls back to "
+                               "the coarse barrier", index, severity="performance"))
+        out += _decision_checks(case, index, notes, published)
+    return out
+
+
+def _decision_checks(case: Case, index: int, notes, published: bool) -> list[Finding]:
+    out = []
+    batch = case.batches[index]
+    first = {k: d for k, d in reversed(notes)}
+    for kind, data in notes:
+        if kind == "metadata_reuse" and not (data["cache_reset"] and data["flag_reset"]):
+            out.append(Finding("policy", "metadata-not-reset",
+                               f"batch {index}: reused graph metadata kept {'the sparse cache' if not data['cache_reset'] else 'the snapshotted flag'}"
+                               " from an earlier replay", index))
+        if kind == "publish" and data["stream"] != "forward":
+            out.append(Finding("policy", "event-on-wrong-stream",
+                               f"batch {index}: the read-done event was recorded on the {data['stream']} stream", index))
+    if not published:
+        return out
+    if "snapshot" not in first:
+        out.append(Finding("policy", "publish-without-snapshot",
+                           f"batch {index} published but the backend never built its snapshot", index))
+        return out
+    snap, fwd = first["snapshot"], first.get("forward")
+    if fwd is not None and snap["sparse"] != fwd["sparse"]:
+        out.append(Finding("policy", "sparse-decision-disagrees",
+                           f"batch {index}: the snapshot decided {'sparse' if snap['sparse'] else 'dense'} at "
+                           f"{snap['num_qo_tokens']} tokens, the forward {'sparse' if fwd['sparse'] else 'dense'} "
+                           f"at {fwd['rows']} rows", index))
+    if fwd is not None and snap["num_qo_tokens"] != fwd["rows"]:
+        out.append(Finding("policy", "snapshot-geometry",
+                           f"batch {index}: snapshot built for {snap['num_qo_tokens']} query rows, the forward runs "
+                           f"{fwd['rows']}" + (" (graph replay must snapshot at the padded bucket)" if runs_graph(batch) else ""),
+                           index))
+    for kind, data in notes:
+        if kind in ("lazy_build", "swa_loc_fallback"):
+            out.append(Finding("policy", "read-after-publish",
+                               f"batch {index}: {kind.replace('_', ' ')} read the live tables after the event was published",
+                               index))
+    return out

@@ -1,0 +1,34 @@
+"""The classes of the real SGLang modules the sglang target drives, for the source check (the `contract`
+oracle and `triage`). SGLang's part of the static check; the analyser itself (`harness.static_contracts`)
+knows nothing of SGLang."""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.errors import EnvironmentBroken
+from harness.sglang_target import _api
+from harness.static_contracts import module_classes
+
+# The real SGLang modules the sglang target drives, and the eager runner, whose call sequence it replicates.
+SGLANG_MODULES = (_api.BACKEND, _api.BASE_BACKEND, _api.SPARSE_UTILS, _api.GRAPH_RUNNER, _api.BASE_GRAPH_RUNNER,
+                  _api.PUBLISHER, _api.SPEC, "sglang.srt.model_executor.runner.eager_runner")
+
+
+def sglang_classes() -> tuple[list[type], list[str]]:
+    """Every class of the sglang modules the target drives, imported by name (so also on versions the target
+    cannot drive), and the modules this version does not have. Any other import failure is a broken environment."""
+    _api.prepare_triton()
+    modules, missing = [], []
+    for name in SGLANG_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if not (exc.name and name.startswith(exc.name)):  # a dependency is missing, not the module
+                raise EnvironmentBroken(f"static check: importing {name} failed: {exc}") from None
+            missing.append(name)
+        except Exception as exc:  # noqa: BLE001 - sglang raises anything at import when its pins are not met
+            raise EnvironmentBroken(f"static check: importing {name} failed: {type(exc).__name__}: {exc}") from None
+    if _api.BACKEND in missing:
+        raise EnvironmentBroken(f"static check: this sglang has no {_api.BACKEND}")
+    return module_classes(modules), missing
