@@ -26,6 +26,7 @@ from unittest import SkipTest
 
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import providers
 from hypothesis.internal.conjecture.engine import ConjectureRunner
 
 from harness.coverage import Coverage
@@ -233,7 +234,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     try:
         for test in passes:
             try:
-                with novel_draws_only():
+                with pinned_stream():
                     test()
             except SkipTest:  # hypothesis had no case to run: an empty database, or no seed to replay
                 continue
@@ -282,27 +283,48 @@ def _shrink_collected(result: CampaignResult, collected: dict, judge, *, device,
 
 
 @contextlib.contextmanager
-def novel_draws_only():
-    """Every generated example a fresh draw: hypothesis's duplication mutator switched off.
+def pinned_stream():
+    """A campaign's case stream as a function of its strategies, its seed and hypothesis alone, every
+    example a fresh draw. Two of hypothesis's generation heuristics are switched off while it runs:
 
-    After each fresh example hypothesis runs up to five variants of it that copy one span of its
-    choices over another of the same label (`ConjectureRunner.generate_mutations_from`), keeping
-    the example's other choices. That is cheap diversity for a test of microseconds; a case here
-    costs up to a second, and the variants keep the case's shape: of 60 examples of the `ci` stream,
-    38 had distinct shapes (spec, flags, each batch's mode, graph and requests), 60 with it off. Our strategies
-    draw the duplication that matters themselves (a later batch over the first batch's requests).
-    Shrinking and the database are unchanged. tests/test_fuzzing.py fails if hypothesis renames it.
+    - the duplication mutator (`ConjectureRunner.generate_mutations_from`): after each fresh example it
+      runs up to five variants that copy one span of its choices over another of the same label,
+      keeping the example's other choices. That is cheap diversity for a test of microseconds; a case
+      here costs up to a second, and the variants keep the case's shape: of 60 examples of the `ci`
+      stream, 38 had distinct shapes (spec, flags, each batch's mode, graph and requests), 60 with it
+      off. Our strategies draw the duplication that matters themselves (a later batch over the first
+      batch's requests).
+    - the local constants (`providers._get_local_constants`): hypothesis mixes numbers and strings
+      found in the loaded modules of this repository into its draws, so any edit of the harness's code,
+      or which of its modules a process has imported (the sglang target's, a worker's), moved the
+      stream of a seed: a shard on another host, or the same seed after an unrelated commit, judged
+      other cases. Hypothesis's own constants (boundaries, special floats) stay.
+
+    Shrinking and the database are unchanged. tests/test_fuzzing.py fails if hypothesis renames either.
     """
-    original = ConjectureRunner.generate_mutations_from
+    original_mutations = ConjectureRunner.generate_mutations_from
+    original_constants = providers._get_local_constants
     ConjectureRunner.generate_mutations_from = _no_mutations
+    providers._get_local_constants = _no_local_constants
+    providers.CONSTANTS_CACHE.cache.clear()  # the allowed constants of each choice, local ones included
     try:
         yield
     finally:
-        ConjectureRunner.generate_mutations_from = original
+        ConjectureRunner.generate_mutations_from = original_mutations
+        providers._get_local_constants = original_constants
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def _no_mutations(runner: ConjectureRunner, data) -> None:
     """`generate_mutations_from` that runs none: the next example is drawn afresh."""
+
+
+_NO_CONSTANTS = providers.Constants()
+
+
+def _no_local_constants() -> "providers.Constants":
+    """`_get_local_constants` that finds none in this repository's modules."""
+    return _NO_CONSTANTS
 
 
 def case_digest(case, schedule: str) -> str:

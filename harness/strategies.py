@@ -47,13 +47,14 @@ _MODE_GROUPS = {"extend": {ForwardMode.EXTEND}, "mixed": {ForwardMode.MIXED},
                 "decode": {ForwardMode.DECODE, ForwardMode.IDLE}}
 # The condition a case closes: none ("open"), the first batch's mode, one gate, its spec, or (for its
 # graph replays) the breakable-graph contract; each about as often as the others, open twice as often
-# (most bugs are in what publication lets the scheduler do, and the threshold cases are open too). A
+# (most bugs are in what publication lets the scheduler do, and the threshold cases are open too) and
+# the breakable-graph contract twice (its replays run the other graph backend of SGLang's runner). A
 # campaign of 60 cases draws each about six times (every example is a fresh draw:
-# `campaign.novel_draws_only`). The three KV-offload switches are one gate (`Flags.offloads_kv`): one
+# `campaign.pinned_stream`). The three KV-offload switches are one gate (`Flags.offloads_kv`): one
 # entry, then one of the three.
 KV_OFFLOAD = ("hierarchical_cache", "hicache_storage", "lmcache")
 CLOSED_CONDITIONS = ["open", "open", "mode", "spec", "READ_DONE off", "coarse barrier", "cp_active", "hisparse",
-                     "KV offload", "bcg"]
+                     "KV offload", "bcg", "bcg"]
 # "mode": the first batch's forward mode is what decides, every gate open. Mostly MIXED: eager, 0.5.23
 # runs it as EXTEND and it publishes; replayed, it does not; each reading is a regression someone wrote.
 _DECIDING_MODES = [ForwardMode.MIXED] * 3 + [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,
