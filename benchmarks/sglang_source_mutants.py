@@ -287,6 +287,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per campaign")
     parser.add_argument("--no-seeds", action="store_true",
                         help="draw every case of each campaign: skip the hand-written seed cases")
+    parser.add_argument("--no-clean", action="store_true",
+                        help="skip the unmutated copy's campaign (the control): only for a part of a table whose "
+                             "other parts ran it with the same options")
     parser.add_argument("--out", default="benchmarks/sglang_source_mutants.json")
     args = parser.parse_args()
     if args.examples < 1:
@@ -306,9 +309,10 @@ def main() -> int:
         root, out = Path(scratch) / "site", Path(scratch) / "reports"
         shutil.copytree(original, root / "sglang", copy_function=os.link,
                         ignore=shutil.ignore_patterns("__pycache__"))
-        clean = campaign(root, "clean", args, out)
-        print(f"{'(clean copy)':30} exit {clean['exit_code']} {clean.get('cases')} cases, "
-              f"{clean.get('findings')} finding(s) {clean['seconds']}s {clean.get('stderr_tail', '')}", flush=True)
+        clean = {"exit_code": 0, "skipped": True} if args.no_clean else campaign(root, "clean", args, out)
+        print(f"{'(clean copy)':30} " + ("skipped (--no-clean)" if args.no_clean else
+              f"exit {clean['exit_code']} {clean.get('cases')} cases, {clean.get('findings')} finding(s) "
+              f"{clean['seconds']}s {clean.get('stderr_tail', '')}"), flush=True)
         if clean["exit_code"] != 0:
             print("error: the unmutated copy is not clean, so no mutant can be judged", file=sys.stderr)
             return 1
@@ -324,7 +328,8 @@ def main() -> int:
                   f"{row.get('finding') or row.get('stderr_tail', [''])[-1]}", flush=True)
     # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
-    print(f"\n{killed}/{len(rows)} source mutants found; clean copy: 0 findings")  # an unclean copy returned above
+    print(f"\n{killed}/{len(rows)} source mutants found; clean copy: "
+          + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean copy returned above
     with open(args.out, "w") as fh:
         json.dump({"device": args.device, "examples": args.examples, "seeds": not args.no_seeds, "clean": clean,
                    "rows": rows}, fh, indent=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from argparse import Namespace
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,8 @@ from harness.cli import main
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sanitizer import binary as binary_mod
 from harness.sanitizer import runner
-from harness.sanitizer.cases import CASES
+from harness.sanitizer.cases import CASES, cases_of
+from harness.sanitizer.cli import _select
 from harness.sanitizer.command import ERROR_EXITCODE, build_command
 from harness.sanitizer.parse import OutputError, parse_summary, parse_xml
 from harness.sanitizer.runner import PlainRun, RunOutputs, judge, run_sanitized
@@ -377,3 +379,14 @@ def test_sglangs_kernels_recorded_on_the_gpu_clean_and_every_planted_bug_found()
     planted = {r["case"]: r for r in report["results"] if r["case"].startswith("sglang-planted")}
     assert {name: (r["tool"], r["findings"][0]["kind"], r["findings"][0]["kernel"]) for name, r in planted.items()} \
         == {name: (tool, kind, kernel) for name, (tool, kind, kernel, _) in PLANTED_EDITS.items()}
+
+
+@pytest.mark.parametrize("target", ["reference", "sglang"])
+@pytest.mark.parametrize("tool", ["racecheck", "synccheck", "memcheck", "initcheck"])
+def test_one_tool_runs_the_targets_cases_made_for_it(target, tool):
+    # the planted bugs of the other tools are left out, not an error: `--tool memcheck` alone must run
+    tools, cases = _select(Namespace(tool=tool, target=target, timeout=60.0, jobs=1, cases=[]))
+    assert tools == [tool] and cases and all(tool in case.tools for case in cases)
+    with pytest.raises(InvalidArgument, match="runs under"):
+        _select(Namespace(tool=tool, target=target, timeout=60.0, jobs=1,
+                          cases=[next(c.name for c in cases_of(target) if tool not in c.tools)]))

@@ -333,3 +333,18 @@ def test_the_pool_stand_in_translates_as_sglangs_pool_does(target, harness_devic
         ours = shim.translate_loc_from_full_to_swa(loc)
     device.synchronize()
     assert ours.tolist() == real.translate_loc_from_full_to_swa(loc).to(torch.int32).tolist() == [5, 7, -1, 0, 2]
+
+
+def test_the_command_line_runs_the_sglang_target_as_a_user_types_it(tmp_path, harness_device):
+    """`python -m harness run --target sglang` in a fresh process, Triton's mode left to the harness: no
+    module the command imports may import triton before the target chooses its mode (one once did, and
+    every CPU run was refused)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--target", "sglang", "--device", harness_device,
+                           "--examples", "2", "--report-dir", str(tmp_path / "report"), "-q"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]

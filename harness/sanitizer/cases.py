@@ -8,8 +8,11 @@ returned, which is the proof that they ran to completion under the tool.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -48,14 +51,15 @@ class SanitizerCase:
 
 
 def triton_kernel_names() -> list[str]:
-    """The Triton kernels behind harness.kernels' sparse attention, or [] when Triton is not importable."""
-    try:
-        from triton.runtime.jit import JITFunction
-
-        import harness.kernels._sparse_attention_kernel as module
-    except ImportError:
+    """The Triton kernels behind harness.kernels' sparse attention (the functions its kernel module
+    decorates with `triton.jit`), or [] when Triton is not installed. Read from the module's source, not
+    by importing it: this module is imported by every command, and importing triton decides once per
+    process whether its kernels are interpreted (`sglang_target._api.prepare_triton` must decide first)."""
+    if importlib.util.find_spec("triton") is None:
         return []
-    return sorted(obj.__name__ for obj in vars(module).values() if isinstance(obj, JITFunction))
+    source = Path(importlib.util.find_spec("harness.kernels._sparse_attention_kernel").origin).read_text()
+    return sorted(node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)
+                  and any(ast.unparse(d).startswith("triton.jit") for d in node.decorator_list))
 
 
 def _attention_inputs(tokens: int, heads: int, dim: int, slots: int, width: int):

@@ -52,7 +52,9 @@ def _select(args):
     if args.jobs < 1:
         raise InvalidArgument(f"--jobs={args.jobs}: must be >= 1")
     tools = list(TOOLS) if args.tool == "all" else [args.tool]
-    cases = [get_case(name) for name in args.cases] if args.cases else cases_of(args.target)
+    if not args.cases:  # the target's cases that run under the tools asked for
+        return tools, [case for case in cases_of(args.target) if set(case.tools) & set(tools)]
+    cases = [get_case(name) for name in args.cases]
     for case in cases:
         if case.target not in (args.target, "any"):
             raise InvalidArgument(f"case {case.name!r} runs {case.target}'s code: give --target {case.target}")
