@@ -16,6 +16,7 @@ import dataclasses
 import faulthandler
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -181,9 +182,22 @@ class IsolatedRunner:
 
     def _failed(self, case, replay, started, kind, message, mark, details) -> IsolatedResult:
         tail = self._tail(mark)
+        error = _error_line(tail)
+        if error:  # the cause first: a one-line excerpt of the finding (a table, a summary) shows it
+            message, details = f"{message}: {error}", {**details, "error": error}
         finding = _crash_finding(kind, f"{message}; stderr tail:\n{tail}" if tail else f"{message}; no stderr output",
                                  {**details, "stderr_tail": tail})
         return IsolatedResult(case, [finding], replay, time.perf_counter() - started, kind)
+
+
+_ERROR_LINE = re.compile(r"^(Fatal Python error: .+|([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)(: .*)?)$")
+
+
+def _error_line(tail: str) -> str | None:
+    """The last line of a stderr tail that names an error (`RuntimeError: ...`, `Fatal Python error: ...`),
+    or None: the traceback's frames come before it, and CUDA's notes often after it."""
+    errors = [line.strip() for line in tail.splitlines() if _ERROR_LINE.match(line.strip())]
+    return errors[-1] if errors else None
 
 
 def _crash_finding(kind: str, message: str, details: dict) -> Finding:

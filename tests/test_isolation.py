@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import asdict
 
@@ -36,6 +37,18 @@ class _Target:
 
 def segfaulting_target():
     return _Target("segfault", lambda: os.kill(os.getpid(), signal.SIGSEGV))
+
+
+def failing_exit_target():
+    """A process that prints a traceback, then a note after it, and exits 1 (as a CUDA failure does)."""
+    def fail():
+        sys.stderr.write("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                         "RuntimeError: the planted failure\nCompile with TORCH_USE_CUDA_DSA to enable device-side "
+                         "assertions.\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    return _Target("exit", fail)
 
 
 def hanging_target():
@@ -87,6 +100,13 @@ def test_a_segfault_is_a_crash_finding_with_its_replay_and_the_next_case_still_r
     assert crashed.replay == replay_command(PLAIN, target=spec, device="cpu", schedule="random:7")
     after = runner.run_case(PLAIN, "cpu")
     assert (after.outcome, after.findings) == ("judged", [])
+
+
+def test_a_crash_names_its_error_before_the_stderr_tail(runner):
+    crashed = runner.run_case(PLAIN, "cpu", target_spec=f"{__name__}:failing_exit_target")
+    finding = crashed.findings[0]
+    assert finding.message.startswith("the case's process exited with status 1: RuntimeError: the planted failure;")
+    assert finding.details["error"] == "RuntimeError: the planted failure"
 
 
 def test_a_hang_is_killed_and_becomes_a_hang_finding(runner):
