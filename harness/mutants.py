@@ -381,12 +381,10 @@ def _event_on_wrong_stream() -> Classes:
 def _stale_event() -> Classes:
     class Stale(Scheduler):
         def _apply_war_barrier(self):
-            runner, dev = self.last_shared_read_runner, self.device
+            runner = self.last_shared_read_runner
             event = runner.shared_read_done_event
-            if event is not None and not self.flags.SGLANG_FORCE_COARSE_WAR_BARRIER:
-                dev.wait_event(dev.schedule_stream, event)
-            else:
-                dev.wait_stream(dev.schedule_stream, dev.forward_stream)
+            super()._apply_war_barrier()
+            runner.shared_read_done_event = event  # the bug: waited on, then left in the mailbox
 
     return Classes(scheduler=Stale)
 
