@@ -49,7 +49,7 @@ _MODE_GROUPS = {"extend": {ForwardMode.EXTEND}, "mixed": {ForwardMode.MIXED},
 # graph replays) the breakable-graph contract; each about as often as the others, open twice as often
 # (most bugs are in what publication lets the scheduler do, and the threshold cases are open too) and
 # the breakable-graph contract twice (its replays run the other graph backend of SGLang's runner). A
-# campaign of 60 cases draws each about six times (every example is a fresh draw:
+# campaign of 60 cases draws each entry about five times (every example is a fresh draw:
 # `campaign.pinned_stream`). The three KV-offload switches are one gate (`Flags.offloads_kv`): one
 # entry, then one of the three.
 KV_OFFLOAD = ("hierarchical_cache", "hicache_storage", "lmcache")

@@ -46,7 +46,9 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   that batch, where SGLang captures every bucket at start-up from dummy batches;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
-  DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True);
+  DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True); no test compares
+  these three with the real functions, which read a server's published MoE, DP, TP and exec
+  configuration that the harness does not publish;
 - the KV stores and the indexer (model parts); the scheduler's request intake, batch selection and
   result processing (the harness's mutator);
 - on the CPU simulator, the device module (`torch.streamsim`, see `platform.py`): events recorded on the
@@ -687,7 +689,6 @@ class SglangPrefillGraphRunner:
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
         self.runner = self._real_runner() if api.semantics == "0.5.23" else None
-        self.stub = SimpleNamespace(device_module=model_runner.device_module)
 
     def _real_runner(self):
         mods, mr = self.api.mods, self.mr
@@ -748,25 +749,16 @@ class SglangPrefillGraphRunner:
 
         registry.fill_from = fill_from
 
-    def padded_for(self, bucket: int) -> ForwardBatch:
-        """The live harness batch padded to `bucket`: the model's activations padded as SGLang pads them;
-        positions, out_cache_loc and input_ids are the registry's static buffers once `load_batch` filled them."""
-        padded = pad_forward_batch(self.mr.live_batch, bucket)
-        static = self._static_batch
-        if static is None or len(static.input_ids) != bucket:
-            return padded
-        return dataclasses.replace(padded, positions=static.positions, out_cache_loc=static.out_cache_loc,
-                                   input_ids=static.input_ids)
-
-    _static_batch = None
-
     def _prepare_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
         """Entered from SGLang's `load_batch` once the static batch exists: the harness's side of the bucket
         (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
-        real `_prepare_forward_metadata_for_replay`."""
+        real `_prepare_forward_metadata_for_replay`. The padded batch is the live harness batch with the
+        model's activations padded as SGLang pads them, and positions, out_cache_loc and input_ids the
+        registry's static buffers that `load_batch` filled."""
         mr, bucket = self.mr, shape_key.size
-        self._static_batch = static_forward_batch
-        padded = self.padded_for(bucket)
+        padded = dataclasses.replace(pad_forward_batch(mr.live_batch, bucket), positions=static_forward_batch.positions,
+                                     out_cache_loc=static_forward_batch.out_cache_loc,
+                                     input_ids=static_forward_batch.input_ids)
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
         mr.probe.note("graph_replay", bucket=bucket, tokens=mr.live_batch.num_tokens)
@@ -805,7 +797,7 @@ class SglangPrefillGraphRunner:
         try:
             output = self.runner.execute(live)
         finally:
-            mr.replay_batch, mr.replay_static, self._static_batch = None, None, None
+            mr.replay_batch, mr.replay_static = None, None
         return output.hidden_states.transpose(0, 1)
 
     def _execute_pr_era(self, fb: ForwardBatch, live) -> torch.Tensor:
@@ -828,7 +820,7 @@ class SglangPrefillGraphRunner:
             else:
                 mr.attn_backend.init_forward_metadata(live)
                 mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
-            self.api.mods["publisher"].maybe_publish_prefill_shared_read_done(mr, live, self.stub.device_module)
+            self.api.mods["publisher"].maybe_publish_prefill_shared_read_done(mr, live, mr.device_module)
             mr.bridge_delay()
             out = mr.run_model(padded, static_view, store_compressed=self.graphs.replay_store(bucket))
         finally:
