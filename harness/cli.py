@@ -12,7 +12,6 @@ import argparse
 import os
 import random
 import shutil
-import signal
 import sys
 import traceback
 from dataclasses import asdict
@@ -41,7 +40,7 @@ from harness.target import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
 from harness.triage import ENTRY_POINTS, check_object
 from harness.versions import triage_versions
-from harness.workers import WORKERS_DIR, WorkerProcesses, visible_gpus, worker_count
+from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
 from reports import cli as report_cli
 from reports import junit, merge
@@ -235,6 +234,7 @@ def cmd_run(args) -> int:
         raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
     verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
     with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
+        announce_ready()
         if in_workers:
             summary = _run_workers(args, device=device, semantics=semantics, shard=shard, count=count, gpus=gpus,
                                    shared=shared, report_dir=report_dir, stop=stop)
@@ -333,9 +333,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
             print(f"worker {worker.name}: shard {worker.shard} of the stream"
                   f"{', CUDA_VISIBLE_DEVICES=' + worker.cuda_visible_devices if worker.cuda_visible_devices else ''}",
                   file=sys.stderr)
-        processes.start()
-        if stop.requested:  # the signal came while the workers were starting: they get it now
-            processes.signal(signal.SIGTERM)
+        processes.start()  # a signal before this is held by `processes` for each worker until it is ready
         codes, wall_s = processes.wait()
         sources = []
         for worker, code in zip(workers, codes, strict=True):

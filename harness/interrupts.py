@@ -31,8 +31,11 @@ class StopRequest:
         self._on_first, self._on_second = on_first, on_second
 
     def forward_to(self, forward: Callable[[int], None]) -> None:
-        """Pass every signal on (to child processes that lead their own process groups)."""
+        """Pass every signal on (to child processes that lead their own process groups), and the one
+        that already came, if one did: it came before there was anyone to pass it to."""
         self._on_first = self._on_second = forward
+        if self.requested:
+            forward(signal.Signals[self.signal_name])
 
     @property
     def requested(self) -> bool:

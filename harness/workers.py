@@ -9,7 +9,10 @@ worker's GPU, cases and rate.
 
 Workers lead their own process groups, so a Ctrl-C reaches this process alone; it passes each
 signal on, once: the first lets every worker stop after its case in flight and write its summary,
-the second ends them at once.
+the second ends them at once. A worker still starting (importing torch takes seconds, longer on a
+loaded machine) has no handler yet, and the first signal would kill it without a summary: so each
+worker says on a pipe when its handler is installed (`announce_ready`), and a first signal that
+comes before that is passed on at that moment instead.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from harness.sharding import Shard
 from harness.telemetry import NvmlUnavailable, list_gpus, visible_entries
 
 WORKERS_DIR = "workers"
+READY_FD = "HARNESS_WORKER_READY_FD"  # the pipe a worker writes one byte to once it handles signals
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,15 @@ def _forward_lines(prefix: str, pipe, out) -> None:
     pipe.close()
 
 
+def announce_ready() -> None:
+    """In a worker, once its signal handler is installed: tells the process that started it (which
+    holds back a first signal until then). Nothing to do in a run that is not a worker."""
+    fd = os.environ.pop(READY_FD, None)
+    if fd is not None:
+        os.write(int(fd), b"r")
+        os.close(int(fd))
+
+
 class WorkerProcesses:
     """The running workers: `start()`, `signal(signum)` to pass a stop on, `wait()` for their codes.
     Each worker's stdout goes to `output.log` in its folder; its stderr (progress lines, errors) is
@@ -93,6 +106,10 @@ class WorkerProcesses:
         self.procs: list[subprocess.Popen] = []
         self._threads: list[threading.Thread] = []
         self.started = 0.0
+        self._lock = threading.Lock()  # orders a signal against a worker's becoming ready
+        self._ready: set[int] = set()  # indices into procs of the workers that handle signals
+        self._stop: Optional[int] = None  # the first signal, held for the workers not yet ready
+        self._signals_seen = 0
 
     def command(self, worker: Worker) -> list[str]:
         return [sys.executable, "-m", "harness", "run", *self.run_args, "--shard", str(worker.shard),
@@ -106,19 +123,50 @@ class WorkerProcesses:
             if worker.cuda_visible_devices is not None:
                 env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices are then NVML's
                 env["CUDA_VISIBLE_DEVICES"] = worker.cuda_visible_devices
+            ready_read, ready_write = os.pipe()
+            env[READY_FD] = str(ready_write)
             with open(worker.folder / "output.log", "w") as log:
                 proc = subprocess.Popen(self.command(worker), stdout=log, stderr=subprocess.PIPE, text=True, env=env,
-                                        start_new_session=True)
-            thread = threading.Thread(target=_forward_lines, args=(f"[{worker.name}]", proc.stderr, sys.stderr),
-                                      daemon=True)
-            thread.start()
-            self.procs.append(proc)
-            self._threads.append(thread)
+                                        start_new_session=True, pass_fds=(ready_write,))
+            os.close(ready_write)
+            with self._lock:
+                self.procs.append(proc)
+            index = len(self.procs) - 1
+            for thread in (threading.Thread(target=_forward_lines, args=(f"[{worker.name}]", proc.stderr, sys.stderr),
+                                            daemon=True),
+                           threading.Thread(target=self._await_ready, args=(index, ready_read), daemon=True)):
+                thread.start()
+                self._threads.append(thread)
+
+    def _await_ready(self, index: int, ready_read: int) -> None:
+        """Marks worker `index` ready when it says so, and passes on a first signal held for it.
+        A worker that exits before it is ready closes the pipe with nothing written."""
+        with os.fdopen(ready_read, "rb") as pipe:
+            if not pipe.read(1):
+                return
+        with self._lock:
+            self._ready.add(index)
+            if self._stop is not None:
+                self._send(self.procs[index], self._stop)
+
+    @staticmethod
+    def _send(proc: subprocess.Popen, signum: int) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
     def signal(self, signum: int) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        """The first signal goes to the workers that handle signals now, and to each other one as it
+        becomes ready (also to one started after it); a later signal goes to every worker at once, to
+        end them, ready or not."""
+        with self._lock:
+            self._signals_seen += 1
+            if self._signals_seen == 1:
+                self._stop = signum
+                for index in self._ready:
+                    self._send(self.procs[index], signum)
+            else:
+                for proc in self.procs:
+                    self._send(proc, signum)
 
     def wait(self) -> tuple[list[int], float]:
         """The workers' exit codes, and the seconds from the first start to the last exit."""

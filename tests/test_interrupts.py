@@ -100,7 +100,7 @@ def test_nightly_passes_the_signal_to_its_step_and_still_writes_nightly_json(tmp
 
 def test_a_signal_to_a_run_with_workers_reaches_each_worker_once_and_the_merge_is_kept(tmp_path):
     proc = start([*LONG, "--workers", "2"], tmp_path)
-    wait_for(proc, "] campaign: ", times=4)  # both workers are judging cases
+    wait_for(proc, "] campaign: ", times=4)  # cases are being judged (maybe all by one worker so far)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == ExitCode.INTERRUPTED, out + err
@@ -109,6 +109,21 @@ def test_a_signal_to_a_run_with_workers_reaches_each_worker_once_and_the_merge_i
     assert [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
     assert sum(w["cases"] for w in summary["workers"]) == summary["cases"]
     assert "again: exiting at once" not in err  # each worker got the signal once
+
+
+def test_a_signal_while_the_workers_are_still_starting_reaches_each_once_it_handles_signals(tmp_path):
+    """The signal comes before either worker has imported torch: a worker with no handler yet would
+    die of it without a summary, so the run holds it back for each worker until it is ready."""
+    proc = start([*LONG, "--workers", "2"], tmp_path)
+    wait_for(proc, "worker w2: shard 2/2")  # printed just before the workers start
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.INTERRUPTED, out + err
+    summary = load_folder(tmp_path).summary
+    assert summary["interrupted"] == "SIGTERM" and summary["cases"] < 5000
+    assert [w["shard"] for w in summary["workers"]] == ["1/2", "2/2"]
+    assert err.count("[w1] SIGTERM: stopping") == err.count("[w2] SIGTERM: stopping") == 1, err
+    assert "Traceback" not in err
 
 
 def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_the_campaign():
