@@ -1,8 +1,9 @@
 """Cases per second on the CPU simulator (and CUDA when present), small and real-size geometries,
-eager and graph replay, with the share of each case spent in the target's overlapped forward, in the
-barriered reference's forward, in the target's own set-up (its pools and forward batch), and in the
-harness itself (world building, output copies, the six oracles); `harness/fwds` is the harness's time
-over the two forwards' (the target: at most 0.5). Prints a table and writes JSON.
+eager and graph replay, with where each case's time goes (`CaseResult.phases()`): the target's
+overlapped forward, the barriered reference's forward, the target's own set-up (its pools and forward
+batch), and the harness itself: drawing the world, copying the outputs, the oracles (the float64
+reference apart). `harness/fwds` is the harness's time over the two forwards' (the target: at most
+0.5). Prints a table and writes JSON.
 
     python benchmarks/cases_per_second.py [--device cpu|cuda] [--cases N] [--out FILE]
 """
@@ -15,6 +16,7 @@ import time
 
 from harness.case import Batch, Case, Dims, Flags, Mutation, Request
 from harness.engine import run_case
+from harness.findings import PHASES
 from harness.target import ReferenceTarget
 
 MUTATIONS = (Mutation("swa_clear", count=4), Mutation("req_to_token_rewrite", count=2))
@@ -43,29 +45,36 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/cases_per_second.json")
     args = parser.parse_args()
     target, rows = ReferenceTarget(), []
-    print(f"{'geometry':44} {'cases/s':>8} {'overlapped fwd':>15} {'barriered fwd':>14} {'target setup':>13} "
-          f"{'harness':>8} {'harness/fwds':>13}")
+    columns = ("overlapped fwd", "barriered fwd", "target setup", "world", "copies", "float64", "other oracles",
+               "rest")
+    print(f"{'geometry':44} {'cases/s':>8} " + " ".join(f"{c:>{max(7, len(c))}}" for c in columns)
+          + f" {'harness/fwds':>13}")
     for name, case in geometries():
         n = max(1, args.cases if "small" in name else args.cases // 10)
         run_case(target, case, args.device)  # warm-up
         start = time.perf_counter()
-        sut_a = sut_b = setup = 0.0
+        spent = dict.fromkeys(PHASES, 0.0)
+        float64 = 0.0
         for seed in range(n):
             result = run_case(target, Case(**{**case.__dict__, "data_seed": seed}), args.device)
             assert not result.findings, result.findings
-            sut_a += result.overlapped.sut_seconds
-            sut_b += result.barriered.sut_seconds
-            setup += result.overlapped.setup_seconds + result.barriered.setup_seconds
+            for phase, seconds in result.phases().items():
+                spent[phase] += seconds
+            float64 += result.oracle_seconds.get("float64", 0.0)
         total = time.perf_counter() - start
-        harness = total - sut_a - sut_b - setup
+        forwards = spent["overlapped_forward"] + spent["barriered_forward"]
+        harness = total - forwards - spent["target_setup"]
+        shares = {"overlapped fwd": spent["overlapped_forward"], "barriered fwd": spent["barriered_forward"],
+                  "target setup": spent["target_setup"], "world": spent["world"], "copies": spent["output_copies"],
+                  "float64": float64, "other oracles": spent["oracles"] - float64,
+                  "rest": total - sum(spent.values()) + spent["other"]}
         row = {"geometry": name, "device": args.device, "cases": n, "cases_per_second": n / total,
-               "share_overlapped_forward": sut_a / total, "share_barriered_forward": sut_b / total,
-               "share_target_setup": setup / total, "share_harness": harness / total,
-               "harness_over_forwards": harness / (sut_a + sut_b)}
+               **{f"share_{k.replace(' ', '_')}": v / total for k, v in shares.items()},
+               "share_harness": harness / total, "harness_over_forwards": harness / forwards}
         rows.append(row)
-        print(f"{name:44} {row['cases_per_second']:8.2f} {row['share_overlapped_forward']:15.0%} "
-              f"{row['share_barriered_forward']:14.0%} {row['share_target_setup']:13.0%} {row['share_harness']:8.0%} "
-              f"{row['harness_over_forwards']:13.2f}")
+        print(f"{name:44} {row['cases_per_second']:8.2f} "
+              + " ".join(f"{shares[c] / total:>{max(7, len(c))}.0%}" for c in columns)
+              + f" {row['harness_over_forwards']:13.2f}")
     print("\nhow a case's cost grows (small heads, eager, ms per case):")
     print(f"{'tokens':>8} " + " ".join(f"{r:>4} req" for r in (1, 4, 16)))
     for tokens in (16, 256, 2048, 8192):

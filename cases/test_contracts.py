@@ -30,7 +30,7 @@ def open_session(case, target=None):
     target = target or ReferenceTarget()
     device = make_device(DEVICE)
     session = target.open(case, device)
-    fb = session.load(build_world(case, 0, PoolSizes.for_case(case)))
+    fb = session.load(build_world(case, 0, PoolSizes.for_case(case), device.torch_device))
     return session, device, fb
 
 

@@ -92,6 +92,18 @@ class CampaignResult:
     shrink_seconds: Optional[float] = None
     coverage: Coverage = dataclasses.field(default_factory=Coverage)
     failures: list[CaseResult] = dataclasses.field(default_factory=list)  # --keep-going: each distinct one, shrunk
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, summed over the judged cases
+
+    def add_phases(self, judged) -> None:
+        for name, seconds in judged.phases().items():
+            self.phases[name] = self.phases.get(name, 0.0) + seconds
+
+    def time_breakdown(self) -> dict[str, float]:
+        """Where the campaign's `duration_s` went: each judged case's phases (`findings.PHASES`, and
+        `isolation` for a case judged in a child), and `campaign`: drawing the cases, the database,
+        shrinking's bookkeeping."""
+        spent = {name: round(seconds, 3) for name, seconds in self.phases.items()}
+        return {**spent, "campaign": round(max(0.0, self.duration_s - sum(self.phases.values())), 3)}
 
     @property
     def findings(self) -> list[Finding]:
@@ -119,6 +131,7 @@ class CampaignResult:
             "shrunk": self.shrunk,
             "shrink_seconds": None if self.shrink_seconds is None else round(self.shrink_seconds, 3),
             "coverage": self.coverage.to_dict(),
+            "time": self.time_breakdown(),
         }
 
 
@@ -190,6 +203,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                 if not shard.owns(position):
                     return  # another shard's case
             judged = judge(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant, oracles=oracles)
+            result.add_phases(judged)
             if not detected:
                 result.cases += 1
                 if not partitioned:

@@ -249,6 +249,8 @@ def cmd_run(args) -> int:
         gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
         print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
               f"{row['cases']} cases, {row['cases_per_second']} cases/s")
+    if summary.get("time") and not args.quiet:
+        print(f"  time: {time_shares(summary['time'])}")
     failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
     for finding in summary["findings"]:
         failures.setdefault(finding["replay"], []).append(finding)
@@ -294,6 +296,13 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
     return summary
+
+
+def time_shares(spent: dict[str, float]) -> str:
+    """`summary.json`'s `time`, as shares of its total, largest first: "oracles 31%, world 12%, ..."."""
+    total = sum(spent.values()) or 1.0
+    return ", ".join(f"{phase.replace('_', ' ')} {seconds / total:.0%}"
+                     for phase, seconds in sorted(spent.items(), key=lambda item: -item[1]) if seconds / total >= 0.005)
 
 
 def worker_plan(spec: str, device: str) -> tuple[bool, Optional[list[str]], int]:

@@ -23,18 +23,23 @@ from harness.mutator import Mutator
 from harness.oracles import Judged
 from harness.oracles import judge as judge_registered
 from harness.target import load_batch
-from harness.world import PoolSizes, build_world
+from harness.world import CaseWorlds
 
 __all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "judge", "replay_command",
            "run_case"]
 
 
 def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
-            poison_ok: bool = True, observe: bool = False) -> RunRecord:
+            poison_ok: bool = True, observe: bool = False, worlds: Optional[CaseWorlds] = None) -> RunRecord:
     """One run of a case. `observe`: the tracker also judges what the target is observed to touch
-    (the session's tables, KV pools and per-batch tensors), and checks its declarations against it."""
+    (the session's tables, KV pools and per-batch tensors), and checks its declarations against it.
+    `worlds`: the batches' data, shared with the case's other runs (drawn here when not given).
+    The outputs stay on the device the case ran on: the oracles compare them there."""
+    worlds = worlds if worlds is not None else CaseWorlds(case)
     device = make_device(device_name, schedule=schedule, observe=observe)
-    device.race_delay = case.delay_cycles
+    # The race window is widened where a race can happen: the barriered run's scheduler waits for the
+    # whole forward, so a delay there would only cost time.
+    device.race_delay = 0 if barriered else case.delay_cycles
     record = RunRecord()
     began = time.perf_counter()
     with device.observing():
@@ -42,9 +47,8 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     if device.observer is not None:
         device.observer.register_session(session)
     record.setup_seconds += time.perf_counter() - began
-    sizes = PoolSizes.for_case(case)
     for index, batch in enumerate(case.batches):
-        world = build_world(case, index, sizes)
+        world = worlds[index, device.torch_device]
         record.worlds.append(world)
         began = time.perf_counter()
         with device.observing():
@@ -79,9 +83,11 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         record.notes.append(session.probe.take())
         if record.crash:
             break
-        captured = {name: t.detach().cpu().clone() for name, t in outputs.items()}
-        captured.update({f"pool.{name}": t.detach().cpu().clone() for name, t in session.kv_state().items()})
+        began = time.perf_counter()
+        captured = {name: t.detach().clone() for name, t in outputs.items()}
+        captured.update({f"pool.{name}": t.detach().clone() for name, t in session.kv_state().items()})
         record.outputs.append(captured)
+        record.copy_seconds += time.perf_counter() - began
     record.conflicts = device.tracker.conflicts
     record.undeclared = list(device.observer.undeclared) if device.observer is not None else []
     record.trace = device.trace()
@@ -113,13 +119,18 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     case.validate()
     start = time.perf_counter()
     poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
+    worlds = CaseWorlds(case)
     # Observed: the run the happens-before oracle judges. The barriered run is only compared by value.
-    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe)
-    barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok)
-    findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles)
+    overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe,
+                         worlds=worlds)
+    barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok, worlds=worlds)
+    oracle_seconds: dict[str, float] = {}
+    findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles,
+                     seconds=oracle_seconds)
     if device_name != "cpu":  # where the race was real: the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
-    result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start)
+    result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start,
+                        world_seconds=worlds.seconds, oracle_seconds=oracle_seconds)
     replay_schedule = f"forced:{overlapped.schedule}" if device_name == "cpu" and schedule != "adversarial" else schedule
     result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule,
                                    mutant=mutant, oracles=oracles)
@@ -127,11 +138,12 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
 
 
 def judge(case: Case, overlapped: RunRecord, barriered: RunRecord, *, target=None, device_name: str = "cpu",
-          oracles: Optional[frozenset] = None) -> list[Finding]:
+          oracles: Optional[frozenset] = None, seconds: Optional[dict[str, float]] = None) -> list[Finding]:
     """Every registered oracle (`harness/oracles/`) on one judged case; the findings `oracles` selects.
-    Without a target (one interleaving of an exploration) the oracles that ask the target do not run."""
+    Without a target (one interleaving of an exploration) the oracles that ask the target do not run.
+    `seconds`, when given, gets each oracle's time."""
     return judge_registered(Judged(case, overlapped, barriered, target=target, device_name=device_name,
-                                   selected=oracles))
+                                   selected=oracles), seconds=seconds)
 
 
 @dataclass
@@ -148,7 +160,8 @@ def explore(target, case: Case, *, bound: int = 500, target_spec: str = "referen
     (stateless, as CHESS does: each order is a fresh run forced along a prefix). Each order is judged
     by every oracle `oracles` enables (all when None), as a campaign judges a case."""
     case.validate()
-    barriered = execute(target, case, "cpu", barriered=True)
+    worlds = CaseWorlds(case)
+    barriered = execute(target, case, "cpu", barriered=True, worlds=worlds)
     outcome = Exploration()
     stack = [""]
     seen = set()
@@ -157,7 +170,7 @@ def explore(target, case: Case, *, bound: int = 500, target_spec: str = "referen
             outcome.truncated = True
             break
         prefix = stack.pop()
-        run = execute(target, case, "cpu", schedule=f"forced:{prefix}")
+        run = execute(target, case, "cpu", schedule=f"forced:{prefix}", worlds=worlds)
         taken = run.schedule
         if taken in seen:
             continue

@@ -34,7 +34,7 @@ class Finding:
 
 @dataclass
 class RunRecord:
-    """What one execution of a case produced, batch by batch, copied to the CPU."""
+    """What one execution of a case produced, batch by batch; the outputs on the device it ran on."""
 
     outputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
     notes: list[list[tuple[str, dict]]] = field(default_factory=list)
@@ -50,6 +50,11 @@ class RunRecord:
     race_window: dict = field(default_factory=dict)
     sut_seconds: float = 0.0  # inside the target's step and the device's execution of it
     setup_seconds: float = 0.0  # inside the target's own open and load (its pools and its forward batch)
+    copy_seconds: float = 0.0  # copying the outputs and the KV pools the oracles compare
+
+
+# Where a judged case's time went, in seconds: the keys of CaseResult.phases(), in this order.
+PHASES = ("world", "target_setup", "overlapped_forward", "barriered_forward", "output_copies", "oracles", "other")
 
 
 @dataclass
@@ -60,3 +65,14 @@ class CaseResult:
     barriered: RunRecord
     seconds: float
     replay: str = ""
+    world_seconds: float = 0.0  # drawing the batches' data (once for both runs)
+    oracle_seconds: dict[str, float] = field(default_factory=dict)  # per oracle
+
+    def phases(self) -> dict[str, float]:
+        """Where this case's `seconds` went (PHASES): the forwards include the device's execution of them."""
+        known = {"world": self.world_seconds,
+                 "target_setup": self.overlapped.setup_seconds + self.barriered.setup_seconds,
+                 "overlapped_forward": self.overlapped.sut_seconds, "barriered_forward": self.barriered.sut_seconds,
+                 "output_copies": self.overlapped.copy_seconds + self.barriered.copy_seconds,
+                 "oracles": sum(self.oracle_seconds.values())}
+        return {**known, "other": max(0.0, self.seconds - sum(known.values()))}

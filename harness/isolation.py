@@ -48,6 +48,12 @@ class IsolatedResult:
     replay: str
     seconds: float
     outcome: str = "judged"  # or "crash", "hang"
+    case_phases: dict = dataclasses.field(default_factory=dict)  # the child's CaseResult.phases()
+
+    def phases(self) -> dict[str, float]:
+        """The child's phases, and `isolation`: the rest of the round trip (the request, the answer, a
+        new child's start-up)."""
+        return {**self.case_phases, "isolation": max(0.0, self.seconds - sum(self.case_phases.values()))}
 
 
 class _Timeout(Exception):
@@ -104,7 +110,7 @@ class IsolatedRunner:
             findings.append(_crash_finding("crash", f"the case left the CUDA context unusable: {answer['context_error']}",
                                            {"context_error": answer["context_error"]}))
         return IsolatedResult(case, findings, answer["replay"], time.perf_counter() - started,
-                              "crash" if answer.get("context_error") else "judged")
+                              "crash" if answer.get("context_error") else "judged", answer["phases"])
 
     def close(self) -> None:
         if self._proc is not None:
@@ -223,7 +229,8 @@ def _serve(request: dict) -> dict:
     except HarnessError as exc:
         kind = next(c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS or c is HarnessError)
         return {"error": {"type": kind, "message": str(exc)}}
-    answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay}
+    answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay,
+              "phases": result.phases()}
     if request["device"] == "cuda":
         try:
             torch.cuda.synchronize()

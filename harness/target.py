@@ -104,14 +104,14 @@ class ReferenceSession:
         for store in (pool.swa_kv, pool.extra_kv, pool.indexer_k):
             store.zero_()
         for r, row in enumerate(world.req_pool_idx):
-            slots = torch.tensor(world.full_slots[r], dtype=torch.int64)
-            r2t[row, : len(slots)] = slots.to(r2t.dtype).to(tdev)
-            swa = torch.tensor(world.swa_slots[r], dtype=torch.int64)
+            slots = torch.tensor(world.full_slots[r], dtype=torch.int64, device=tdev)
+            r2t[row, : len(slots)] = slots.to(r2t.dtype)
+            swa = torch.tensor(world.swa_slots[r], dtype=torch.int64, device=tdev)
             live = swa > 0
-            pool.full_to_swa_index_mapping[slots[live].to(tdev)] = swa[live].to(tdev)
+            pool.full_to_swa_index_mapping[slots[live]] = swa[live]
         for name, (index, values) in kv_contents(world, after_forward=False).items():
             getattr(pool, name)[tuple(i.to(tdev) for i in index)] = values.to(tdev)
-        self.sink.copy_(world.sink.to(tdev))
+        self.sink.copy_(world.sink)
         return make_forward_batch(world, self.case, tdev)
 
     def step(self, fb, *, graph, process_batch_result, after_launch):
@@ -137,24 +137,25 @@ def make_forward_batch(world: BatchWorld, case: Case, tdev) -> ForwardBatch:
     i32 = dict(dtype=torch.int32, device=tdev)
     positions = [p for r in reqs for p in range(r.prefix_len, r.seq_len)]
     out_loc = [world.full_slots[i][p] for i, r in enumerate(reqs) for p in range(r.prefix_len, r.seq_len)]
-    rows = list(world.token_rows())
+    rows = world.token_rows
     layers, t = len(dims.layer_ratios), world.num_tokens
-    compressed_new = torch.zeros(layers, t, dims.head_dim)
-    index_k_new = torch.zeros(t, dims.index_dim)
+    # The world's tensors serve both runs of the case: everything here is a new tensor on the target's device.
+    compressed_new = torch.zeros(layers, t, dims.head_dim, device=tdev)
+    index_k_new = torch.zeros(t, dims.index_dim, device=tdev)
     start = 0
     for r, req in enumerate(reqs):
-        pos = torch.arange(req.prefix_len, req.seq_len)
+        pos = torch.arange(req.prefix_len, req.seq_len)  # host-side positions: no device synchronisation
         for layer, ratio in enumerate(dims.layer_ratios):
             if not ratio:
                 continue
             done = ((pos + 1) % ratio == 0).nonzero().flatten()
-            blocks = (pos[done] + 1) // ratio - 1
-            compressed_new[layer, start + done] = world.block_means(r, layer, ratio)[blocks]
+            rows_at, blocks = (start + done).to(tdev), ((pos[done] + 1) // ratio - 1).to(world.device)
+            compressed_new[layer, rows_at] = world.block_means(r, layer, ratio)[blocks].to(tdev)
             if ratio == 4:
-                index_k_new[start + done] = world.index_keys[r][blocks]
+                index_k_new[rows_at] = world.index_keys[r][blocks].to(tdev)
         start += req.extend_len
     kv_new = torch.cat([world.latents[r][:, req.prefix_len:req.seq_len] for r, req in enumerate(reqs)], dim=1) \
-        if reqs else torch.zeros(layers, 0, dims.head_dim)
+        if reqs else torch.zeros(layers, 0, dims.head_dim, device=tdev)
     return ForwardBatch(
         forward_mode=batch.mode, spec_algorithm=case.spec, batch_size=len(reqs),
         req_pool_indices=torch.tensor(world.req_pool_idx, **i32),
@@ -166,8 +167,8 @@ def make_forward_batch(world: BatchWorld, case: Case, tdev) -> ForwardBatch:
         out_cache_loc=torch.tensor(out_loc, dtype=torch.int64, device=tdev),
         input_ids=torch.arange(t, device=tdev),
         req_pool_indices_cpu=list(world.req_pool_idx),
-        q=world.q.to(tdev), kv_new=kv_new.to(tdev), compressed_new=compressed_new.to(tdev),
-        index_k_new=index_k_new.to(tdev), q_index=world.q_index.to(tdev),
+        q=world.q.to(tdev, copy=True), kv_new=kv_new.to(tdev), compressed_new=compressed_new,
+        index_k_new=index_k_new, q_index=world.q_index.to(tdev, copy=True),
         row_req=[r for r, _ in rows],
     )
 

@@ -2,12 +2,22 @@
 
 A target materialises its pools from this plan; the float64 oracle computes the expected attention
 directly from it (positions and latents), never through the index machinery it checks.
+
+The model's data (latents, queries, sinks, indexer keys) is drawn on the device the case runs on,
+from a counter-based generator (`draw_uniform`, `draw_integers`): each value is a hash of its seed
+and its position, computed with integer operations that give the same bits on the CPU and on CUDA,
+so a seed means the same data on every device and a replay on the other device is exact. Torch's
+own generators cannot promise that (the CPU's Mersenne Twister and CUDA's Philox differ), and
+drawing on the CPU for a GPU case cost most of a real-size case's time. Slot plans (which pages and
+rows a request owns) are small host-side lists, drawn on the CPU as before.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -20,6 +30,55 @@ SPARE_PAGES = 4
 def gather_len(req, window: int) -> int:
     """SGLang: the SWA span a request's queries read, min(seq_len, extend + W - 1)."""
     return min(req.seq_len, req.extend_len + window - 1)
+
+
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31 (Wellons's lowbias32 first constant; MurmurHash2's m): a 32-bit value times
+# one stays below 2**63, so int64 arithmetic is exact and no device's overflow behaviour is involved.
+_MULTIPLIERS = ((0x7FEB352D, 16), (0x5BD1E995, 15))
+_DRAW_CHUNK = 1 << 18  # values hashed at once on the CPU: the int64 temporaries stay in cache
+
+
+def _stream_key(seed: int, stream: int) -> int:
+    """A 32-bit key for one tensor of one world: splitmix64 of (seed, stream), in Python integers."""
+    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _MASK32
+
+
+def _hashed(n: int, key: int, device, finish) -> torch.Tensor:
+    """`finish(h)` of the 32-bit hashes h of positions 0..n-1 under `key`, as one flat tensor; in chunks on
+    the CPU (where each pass over a large int64 tensor would go to memory), at once on a GPU."""
+    chunk = max(1, n) if torch.device(device).type != "cpu" else _DRAW_CHUNK
+    parts = []
+    for start in range(0, max(1, n), chunk):  # n == 0 (no indexer block yet) draws one empty chunk
+        x = torch.arange(start, min(n, start + chunk), dtype=torch.int64, device=device)
+        x.bitwise_xor_(key)
+        for multiplier, shift in _MULTIPLIERS:
+            x.bitwise_xor_(x >> shift).mul_(multiplier).bitwise_and_(_MASK32)
+        x.bitwise_xor_(x >> 16)
+        parts.append(finish(x))
+    return torch.cat(parts) if len(parts) != 1 else parts[0]
+
+
+def draw_uniform(shape, seed: int, stream: int, device="cpu") -> torch.Tensor:
+    """float32 values uniform on [-2, 2) in steps of 2**-21 (mean 0, variance 4/3): exact dyadic
+    values, so the conversion and the scaling are exact on every device."""
+    n = 1
+    for size in shape:
+        n *= size
+    key = _stream_key(seed, stream)
+    return _hashed(n, key, device, lambda h: ((h >> 9) - (1 << 22)).float().mul_(2.0 ** -21)).reshape(shape)
+
+
+def draw_integers(shape, low: int, high: int, seed: int, stream: int, device="cpu") -> torch.Tensor:
+    """float32 integers in [low, high), from the same hash (the indexer's small integer keys)."""
+    n = 1
+    for size in shape:
+        n *= size
+    key = _stream_key(seed, stream)
+    return _hashed(n, key, device, lambda h: (h % (high - low) + low).float()).reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -47,7 +106,8 @@ class PoolSizes:
 
 @dataclass
 class BatchWorld:
-    """Everything one batch needs, on the CPU; targets copy it to their device."""
+    """Everything one batch needs: host-side slot plans, and the model's data on the case's device.
+    One world serves both runs of a case, so a target copies what it loads and never writes to it."""
 
     batch: Batch
     dims: Dims
@@ -65,16 +125,20 @@ class BatchWorld:
     sink: torch.Tensor  # [layers, H]
     seed: int
     _blocks: dict = field(default_factory=dict, repr=False)
+    _kv: dict = field(default_factory=dict, repr=False)  # kv_contents, by after_forward
 
     @property
     def num_tokens(self) -> int:
         return self.batch.num_tokens
 
-    def token_rows(self):
+    @cached_property
+    def token_rows(self) -> tuple[tuple[int, int], ...]:
         """(request index, position) for every query row, in batch order."""
-        for r, req in enumerate(self.batch.requests):
-            for pos in range(req.prefix_len, req.seq_len):
-                yield r, pos
+        return tuple((r, pos) for r, req in enumerate(self.batch.requests) for pos in range(req.prefix_len, req.seq_len))
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
 
     def block_means(self, r: int, layer: int, ratio: int) -> torch.Tensor:
         """Compressed entries [seq_len // ratio, D]: a block's mean latent (the compressor is not modelled)."""
@@ -85,7 +149,8 @@ class BatchWorld:
         return self._blocks[key]
 
 
-def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
+def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> BatchWorld:
+    """Batch `index` of `case`; the model's data drawn on `device` (the same values on every device)."""
     batch, dims = case.batches[index], case.dims
     seed = case.data_seed * 1009 + index
     rng = random.Random(seed)
@@ -110,10 +175,11 @@ def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
         swa_slots.append([swa_free.pop() if p >= first else 0 for p in range(req.seq_len)])
 
     layers = len(dims.layer_ratios)
-    latents = [torch.randn(layers, req.seq_len, dims.head_dim, generator=gen) for req in batch.requests]
-    index_keys = [
-        torch.randint(-4, 5, (req.seq_len // 4, dims.index_dim), generator=gen).float() for req in batch.requests
-    ]
+    # One stream number per tensor: 0 queries, 1 indexer queries, 2 sinks, then two per request.
+    latents = [draw_uniform((layers, req.seq_len, dims.head_dim), seed, 3 + 2 * r, device)
+               for r, req in enumerate(batch.requests)]
+    index_keys = [draw_integers((req.seq_len // 4, dims.index_dim), -4, 5, seed, 4 + 2 * r, device)
+                  for r, req in enumerate(batch.requests)]
     t = batch.num_tokens
     return BatchWorld(
         batch=batch,
@@ -127,9 +193,9 @@ def build_world(case: Case, index: int, sizes: PoolSizes) -> BatchWorld:
         spare_swa=swa_free,
         latents=latents,
         index_keys=index_keys,
-        q=torch.randn(layers, t, dims.heads, dims.head_dim, generator=gen),
-        q_index=torch.randint(-4, 5, (t, dims.index_dim), generator=gen).float(),
-        sink=torch.randn(layers, dims.heads, generator=gen),
+        q=draw_uniform((layers, t, dims.heads, dims.head_dim), seed, 0, device),
+        q_index=draw_integers((t, dims.index_dim), -4, 5, seed, 1, device),
+        sink=draw_uniform((layers, dims.heads), seed, 2, device),
         seed=seed,
     )
 
@@ -138,8 +204,15 @@ def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tu
     """The KV entries the pools hold before the forward (prefix) or after it (prefix and extend).
 
     Per cache: (index tensors, values) such that ``cache[index] = values`` writes them; the SWA and
-    compressed caches are indexed by (layer, slot), the indexer cache by slot.
+    compressed caches are indexed by (layer, slot), the indexer cache by slot. Built once per world
+    (the load of each run and the kv oracle ask for them); the caller never writes to them.
     """
+    if after_forward not in world._kv:
+        world._kv[after_forward] = _kv_contents(world, after_forward=after_forward)
+    return world._kv[after_forward]
+
+
+def _kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
     dims = world.dims
     layers = len(dims.layer_ratios)
     swa_idx, swa_val, ext_idx, ext_val, ind_idx, ind_val = [], [], [], [], [], []
@@ -150,7 +223,7 @@ def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tu
         if live.numel():
             swa_idx.append(torch.stack(torch.broadcast_tensors(torch.arange(layers)[:, None], slots[live][None, :]))
                            .flatten(1))
-            swa_val.append(world.latents[r][:, live].flatten(0, 1))
+            swa_val.append(world.latents[r][:, live.to(world.device)].flatten(0, 1))
         full = torch.tensor(world.full_slots[r], dtype=torch.int64)
         for layer, ratio in enumerate(dims.layer_ratios):
             blocks = end // ratio if ratio else 0
@@ -164,12 +237,36 @@ def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tu
                 ind_val.append(world.index_keys[r][:blocks])
 
     def pack(idx, val, dims_, width):
+        """Index tensors and values on the world's device: indexing a GPU pool with CPU indices would
+        copy them there one by one, each copy a synchronisation."""
         if not idx:
-            empty = tuple(torch.zeros(0, dtype=torch.int64) for _ in range(dims_))
-            return empty, torch.zeros(0, width)
-        index = torch.cat(idx, dim=-1)
+            empty = tuple(torch.zeros(0, dtype=torch.int64, device=world.device) for _ in range(dims_))
+            return empty, torch.zeros(0, width, device=world.device)
+        index = torch.cat(idx, dim=-1).to(world.device)
         return (tuple(index) if dims_ == 2 else (index,)), torch.cat(val)
 
     return {"swa_kv": pack(swa_idx, swa_val, 2, dims.head_dim),
             "extra_kv": pack(ext_idx, ext_val, 2, dims.head_dim),
             "indexer_k": pack(ind_idx, ind_val, 1, dims.index_dim)}
+
+
+class CaseWorlds:
+    """A case's batch worlds, each built the first time a run asks for it and then shared: the
+    overlapped and the barriered run (and every interleaving an exploration forces) load the same
+    data, drawn once. `seconds`: the time spent drawing them."""
+
+    def __init__(self, case: Case):
+        self.case, self.sizes = case, PoolSizes.for_case(case)
+        self._built: dict[int, BatchWorld] = {}
+        self.seconds = 0.0
+
+    def __getitem__(self, key: tuple[int, torch.device]) -> BatchWorld:
+        index, device = key
+        world = self._built.get(index)
+        if world is None:
+            began = time.perf_counter()
+            world = self._built[index] = build_world(self.case, index, self.sizes, device)
+            self.seconds += time.perf_counter() - began
+        elif world.device != torch.device(device):
+            raise ValueError(f"batch {index}'s world is on {world.device}, asked for on {device}")
+        return world

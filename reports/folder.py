@@ -173,6 +173,9 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
         check.need(coverage, "dimensions", "object", f"{where}coverage.")
         check.need(coverage, "unreached", "object", f"{where}coverage.")
         check.need(coverage, "combinations_reached", "int", f"{where}coverage.")
+    time_spent = check.need(data, "time", "object", where, optional=True)
+    for phase in time_spent or {}:
+        check.need(time_spent, phase, "number", f"{where}time.")
     check.need(data, "cuda_visible_devices", "str", where, optional=True)
     list(check.items(data, "shards_missing", where, optional=True, kind="int"))
     for prefix, row in check.items(data, "workers", where, optional=True):

@@ -113,6 +113,10 @@ def merge_summaries(sources: list[tuple[str, dict]], *, duration_s: float | None
     coverage = [s["coverage"] for _, s in sources if s.get("coverage")]
     if coverage:
         merged["coverage"] = merge_tables(coverage)
+    times = [s["time"] for _, s in sources if s.get("time")]
+    if times:  # seconds summed over the sources (worker processes' time, not the run's wall time)
+        merged["time"] = {phase: round(sum(t.get(phase, 0.0) for t in times), 3) for phase in dict.fromkeys(
+            phase for t in times for phase in t)}
     telemetry = [s["telemetry"] for _, s in sources if s.get("telemetry")]
     if any(t["gpus"] for t in telemetry):
         merged["telemetry"] = {"gpus": [g for t in telemetry for g in t["gpus"]],

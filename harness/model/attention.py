@@ -27,46 +27,52 @@ def reference_attention(world, layer: int, rows: list[int] | None = None) -> tor
 
     It never touches req_to_token, the SWA mapping, page tables or index rows, so it checks them.
     Rows go in groups of one request: each row gathers its own keys (chosen compressed blocks, then
-    its SWA window of latents), padded with masked slots, and the group is one batched product.
+    its SWA window of latents), padded with masked slots, and the group is one batched product. It
+    runs on the device the world's data is on (an H200 does about 67 TFLOP/s in float64).
     """
-    dims = world.dims
+    dims, device = world.dims, world.device
     ratio = dims.layer_ratios[layer]
     scale = dims.head_dim ** -0.5
     sink = world.sink[layer].double()
     q_all = world.q[layer]  # rows are converted to float64 as they are used
-    token_rows = list(world.token_rows())
+    token_rows = world.token_rows
     wanted = range(len(token_rows)) if rows is None else rows
-    out = torch.zeros(len(wanted), dims.heads, dims.head_dim, dtype=torch.float64)
+    out = torch.zeros(len(wanted), dims.heads, dims.head_dim, dtype=torch.float64, device=device)
     by_request: dict[int, list[tuple[int, int, int]]] = {}
     for i, t in enumerate(wanted):
         r, pos = token_rows[t]
         by_request.setdefault(r, []).append((i, t, pos))
-    window = torch.arange(dims.swa_window)
+    window = torch.arange(dims.swa_window, device=device)
+    step = REFERENCE_ROWS_PER_STEP["cpu" if device.type == "cpu" else "gpu"]
     for r, items in by_request.items():
         latents = world.latents[r][layer].double()
         blocks = world.block_means(r, layer, ratio).double() if ratio else latents[:0]
         keys = torch.cat([blocks, latents])
-        for chunk in range(0, len(items), REFERENCE_ROWS_PER_STEP):
-            part = items[chunk: chunk + REFERENCE_ROWS_PER_STEP]
-            pos = torch.tensor([p for _, _, p in part])
+        for chunk in range(0, len(items), step):
+            part = items[chunk: chunk + step]
+            pos = torch.tensor([p for _, _, p in part], device=device)
             swa = pos[:, None] - (dims.swa_window - 1) + window[None, :]  # this row's window of latents
             index = torch.where(swa >= 0, swa + blocks.shape[0], -1)
             if ratio:
                 chosen = chosen_blocks(world, r, [t for _, t, _ in part], (pos + 1) // ratio, ratio)
-                block_ids = torch.arange(chosen.shape[1])
+                block_ids = torch.arange(chosen.shape[1], device=device)
                 index = torch.cat([torch.where(chosen, block_ids[None, :], -1), index], dim=1)
             valid = index >= 0
             k = keys[index.clamp(min=0)]  # [n, K, D]
-            scores = torch.einsum("nhd,nkd->nhk", q_all[[t for _, t, _ in part]].double(), k) * scale
+            queries = q_all[torch.tensor([t for _, t, _ in part], device=device)].double()
+            scores = torch.einsum("nhd,nkd->nhk", queries, k) * scale
             scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
             top = torch.maximum(scores.max(dim=2).values, sink[None, :])
             weights = torch.exp(scores - top[:, :, None])
             norm = weights.sum(dim=2) + torch.exp(sink[None, :] - top)
-            out[[i for i, _, _ in part]] = torch.einsum("nhk,nkd->nhd", weights / norm[:, :, None], k)
+            out[torch.tensor([i for i, _, _ in part], device=device)] = torch.einsum(
+                "nhk,nkd->nhd", weights / norm[:, :, None], k)
     return out
 
 
-REFERENCE_ROWS_PER_STEP = 32  # rows gathered at once: real sizes stay near 100 MB of float64 keys
+# Rows gathered at once: on the CPU real sizes stay near 100 MB of float64 keys; a GPU takes the
+# float64 oracle's 256 rows of a layer in one step (about 0.7 GB of keys at real sizes).
+REFERENCE_ROWS_PER_STEP = {"cpu": 32, "gpu": 256}
 
 
 def chosen_blocks(world, r: int, rows: list[int], visible: torch.Tensor, ratio: int) -> torch.Tensor:
@@ -74,11 +80,11 @@ def chosen_blocks(world, r: int, rows: list[int], visible: torch.Tensor, ratio: 
     ratio-128 layer; for ratio 4 the indexer's choice, the top-k scores with ties to the lower block,
     all visible blocks when few are. Keys and queries are small integers, so the scores are exact."""
     blocks = world.batch.requests[r].seq_len // ratio
-    block_ids = torch.arange(blocks)
+    block_ids = torch.arange(blocks, device=visible.device)
     visible_mask = block_ids[None, :] < visible[:, None]
     if ratio != 4:
         return visible_mask
-    scores = world.q_index[rows].double() @ world.index_keys[r][:blocks].double().T
+    scores = world.q_index[torch.tensor(rows, device=visible.device)].double() @ world.index_keys[r][:blocks].double().T
     scores = scores.masked_fill(~visible_mask, float("-inf"))
     order = torch.sort(-scores, dim=1, stable=True).indices  # best first; equal scores keep block order
     rank = torch.empty_like(order).scatter_(1, order, block_ids.expand(len(rows), -1).contiguous())

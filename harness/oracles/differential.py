@@ -37,7 +37,7 @@ def first_difference(name: str, x: torch.Tensor, y: torch.Tensor, world: BatchWo
     details = {"tensor": name, "count": int(diff.sum()), "index": first}
     if name in ("attention", "draft_extend"):
         row = first[1] if name == "attention" else first[0]
-        rows = list(world.token_rows())
+        rows = world.token_rows
         if row < len(rows):
             r, pos = rows[row]
             details.update(request=r, pool_row=world.req_pool_idx[r], token_row=row, position=pos)

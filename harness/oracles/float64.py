@@ -42,7 +42,7 @@ def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
             if not worst <= FLOAT64_ATOL:  # NaN fails too
                 flat = int(err.flatten().nan_to_num(float("inf")).argmax())
                 row = rows[flat // (err.shape[1] * err.shape[2])]
-                r, pos = list(world.token_rows())[row]
+                r, pos = world.token_rows[row]
                 details = {"layer": layer, "ratio": case.dims.layer_ratios[layer], "token_row": row, "request": r,
                            "position": pos, "max_error": f"{worst:.3g}", "tolerance": FLOAT64_ATOL}
                 out.append(Finding("float64", "attention-mismatch",

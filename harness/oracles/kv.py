@@ -22,7 +22,7 @@ def kv_oracle(run: RunRecord) -> list[Finding]:
             got = outputs[f"pool.{name}"]
             want = torch.zeros_like(got)
             want[where] = values
-            owned = torch.zeros(got.shape[:-1], dtype=torch.bool)
+            owned = torch.zeros(got.shape[:-1], dtype=torch.bool, device=got.device)
             owned[where] = True
             diff = (got != want).any(dim=-1)
             diff[..., 0] = False  # the dummy slot 0 takes padded and cleared writes

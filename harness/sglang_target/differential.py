@@ -44,7 +44,7 @@ def _run(target, case: Case, device_name: str) -> list[dict]:
     sizes = PoolSizes.for_case(case)
     out = []
     for index, batch in enumerate(case.batches):
-        world = build_world(case, index, sizes)
+        world = build_world(case, index, sizes, device.torch_device)
         fb = load_batch(session, device, world)
         session.current_batch = fb
         outputs = session.step(fb, graph=batch.graph, process_batch_result=lambda: None, after_launch=lambda: None)

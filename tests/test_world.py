@@ -1,0 +1,111 @@
+"""The world's data: a counter-based draw with fixed bits, on the case's device, drawn once per case.
+
+The GPU tests check what the CPU cannot: the same seed gives the same bits on CUDA as on the CPU (so
+a replay on the other device is exact), and the float64 reference computed there agrees with the
+CPU's. The `meta` device stands in for a GPU on the CPU: an op mixing a CPU tensor into a world on
+another device fails there as it would on CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.case import Batch, Case, Dims, Mutation, Request
+from harness.engine import run_case
+from harness.model.attention import reference_attention
+from harness.target import ReferenceTarget, make_forward_batch
+from harness.world import CaseWorlds, PoolSizes, build_world, draw_integers, draw_uniform, kv_contents
+
+SMALL = Case(batches=(Batch(requests=(Request(20, 9), Request(3, 6)), mutations=(Mutation("swa_clear", count=2),)),
+                      Batch(requests=(Request(0, 5),), graph=True)))
+WIDE = Case(dims=Dims(heads=4, head_dim=16, swa_window=8, index_topk=4, index_dim=8, page_size=4),
+            batches=(Batch(requests=(Request(40, 13), Request(3, 6))),))
+MODEL_DATA = ("q", "q_index", "sink")
+
+
+def test_the_generator_s_bits_are_fixed():
+    """A change to the generator changes every case's data: a stored case would replay other values."""
+    assert draw_uniform((6,), 1, 0).tolist() == [-0.40813541412353516, -0.37798547744750977, 1.924919605255127,
+                                                   0.2528395652770996, -0.511326789855957, 0.9887046813964844]
+    assert draw_integers((6,), -4, 5, 1, 1).tolist() == [-2.0, -4.0, -4.0, 2.0, 3.0, -2.0]
+
+
+def test_draws_are_spread_distinct_per_stream_and_independent_of_the_cpu_chunking():
+    values = draw_uniform(((1 << 19) + 3,), 7, 0)  # more than one chunk on the CPU
+    assert values.min() >= -2 and values.max() < 2 and abs(float(values.mean())) < 0.01
+    assert abs(float(values.var()) - 4 / 3) < 0.01
+    assert values.unique().numel() > 0.9 * values.numel()
+    assert not torch.equal(values[:1000], draw_uniform((1000,), 7, 1))  # another tensor of the same world
+    assert not torch.equal(values[:1000], draw_uniform((1000,), 8, 0))  # another seed
+    assert torch.equal(values[:1000], draw_uniform((1000,), 7, 0))  # a prefix does not depend on the length
+    ints = draw_integers((10_000,), -4, 5, 7, 2)
+    assert set(ints.tolist()) == set(range(-4, 5))
+
+
+def test_the_world_the_load_and_the_reference_stay_on_the_world_s_device():
+    """On `meta` any CPU tensor mixed in fails, as it would on CUDA."""
+    world = build_world(WIDE, 0, PoolSizes.for_case(WIDE), "meta")
+    assert {t.device.type for t in (world.q, world.q_index, world.sink, *world.latents, *world.index_keys)} == {"meta"}
+    for layer in range(len(WIDE.dims.layer_ratios)):
+        assert reference_attention(world, layer).device.type == "meta"
+    for index, values in kv_contents(world, after_forward=True).values():
+        assert {t.device.type for t in (*index, values)} == {"meta"}
+    batch = make_forward_batch(world, WIDE, torch.device("meta"))
+    assert {t.device.type for t in vars(batch).values() if isinstance(t, torch.Tensor)} == {"meta"}
+
+
+def test_a_case_s_worlds_are_drawn_once_for_both_runs_and_never_written():
+    worlds = CaseWorlds(SMALL)
+    first = worlds[0, torch.device("cpu")]
+    assert worlds[0, torch.device("cpu")] is first
+    with pytest.raises(ValueError, match="is on cpu, asked for on meta"):
+        worlds[0, torch.device("meta")]
+    before = {name: getattr(first, name).clone() for name in MODEL_DATA}
+    result = run_case(ReferenceTarget(), SMALL, "cpu")
+    assert not result.findings
+    assert result.overlapped.worlds[0] is result.barriered.worlds[0]
+    for name in MODEL_DATA:
+        assert torch.equal(getattr(result.overlapped.worlds[0], name), before[name]), name
+    assert result.world_seconds > 0 and set(result.phases()) >= {"world", "oracles", "overlapped_forward"}
+
+
+def test_a_target_that_writes_into_its_inputs_does_not_change_the_shared_world():
+    world = build_world(SMALL, 0, PoolSizes.for_case(SMALL))
+    batch = make_forward_batch(world, SMALL, torch.device("cpu"))
+    batch.q.zero_()
+    batch.kv_new.zero_()
+    assert world.q.abs().sum() > 0 and world.latents[0].abs().sum() > 0
+
+
+def _all_tensors(world):
+    return {"q": world.q, "q_index": world.q_index, "sink": world.sink,
+            **{f"latents[{r}]": t for r, t in enumerate(world.latents)},
+            **{f"index_keys[{r}]": t for r, t in enumerate(world.index_keys)}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [SMALL, WIDE], ids=["small", "wide"])
+def test_a_seed_draws_the_same_bits_on_cuda_as_on_the_cpu(case):
+    sizes = PoolSizes.for_case(case)
+    for index in range(len(case.batches)):
+        on_cpu, on_gpu = build_world(case, index, sizes), build_world(case, index, sizes, "cuda")
+        assert on_gpu.device.type == "cuda"
+        for name, tensor in _all_tensors(on_cpu).items():
+            assert torch.equal(tensor, _all_tensors(on_gpu)[name].cpu()), name
+        assert (on_cpu.full_slots, on_cpu.swa_slots, on_cpu.req_pool_idx) == (
+            on_gpu.full_slots, on_gpu.swa_slots, on_gpu.req_pool_idx)
+
+
+@pytest.mark.gpu
+def test_the_float64_reference_on_cuda_agrees_with_the_cpu_s():
+    real = Case(dims=Dims(heads=64, head_dim=512, swa_window=128, index_topk=512, index_dim=8, page_size=256),
+                batches=(Batch(requests=(Request(600, 300), Request(100, 212))),))
+    sizes = PoolSizes.for_case(real)
+    on_cpu, on_gpu = build_world(real, 0, sizes), build_world(real, 0, sizes, "cuda")
+    rows = list(range(0, on_cpu.num_tokens, 7))
+    for layer in range(len(real.dims.layer_ratios)):
+        want = reference_attention(on_cpu, layer, rows=rows)
+        got = reference_attention(on_gpu, layer, rows=rows)
+        assert got.device.type == "cuda"
+        assert (got.cpu() - want).abs().max() < 1e-10, layer
