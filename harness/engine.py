@@ -94,6 +94,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     record.schedule = device.forced_string() if hasattr(device, "forced_string") else schedule
     record.decisions = [(d.chosen, d.options) for d in getattr(device, "decisions", [])]
     record.delays = list(device.delays)
+    record.delay_seconds = sum(device.cycles_to_ms(c) or 0.0 for c in record.delays) / 1e3
     record.race_window = device.race_window()
     return record
 

@@ -51,10 +51,12 @@ class RunRecord:
     sut_seconds: float = 0.0  # inside the target's step and the device's execution of it
     setup_seconds: float = 0.0  # inside the target's own open and load (its pools and its forward batch)
     copy_seconds: float = 0.0  # copying the outputs and the KV pools the oracles compare
+    delay_seconds: float = 0.0  # of sut_seconds, the injected race delays' sleeps (CUDA; none on the simulator)
 
 
 # Where a judged case's time went, in seconds: the keys of CaseResult.phases(), in this order.
-PHASES = ("world", "target_setup", "overlapped_forward", "barriered_forward", "output_copies", "oracles", "other")
+PHASES = ("world", "target_setup", "overlapped_forward", "race_delay", "barriered_forward", "output_copies", "oracles",
+          "other")
 
 
 @dataclass
@@ -69,10 +71,14 @@ class CaseResult:
     oracle_seconds: dict[str, float] = field(default_factory=dict)  # per oracle
 
     def phases(self) -> dict[str, float]:
-        """Where this case's `seconds` went (PHASES): the forwards include the device's execution of them."""
+        """Where this case's `seconds` went (PHASES): the forwards include the device's execution of them;
+        `race_delay` is the GPU's sleep the overlapped run injects to widen its race window (at most
+        the time its forward took: the host may have overlapped some of it)."""
+        delay = min(self.overlapped.delay_seconds, self.overlapped.sut_seconds)
         known = {"world": self.world_seconds,
                  "target_setup": self.overlapped.setup_seconds + self.barriered.setup_seconds,
-                 "overlapped_forward": self.overlapped.sut_seconds, "barriered_forward": self.barriered.sut_seconds,
+                 "overlapped_forward": self.overlapped.sut_seconds - delay, "race_delay": delay,
+                 "barriered_forward": self.barriered.sut_seconds,
                  "output_copies": self.overlapped.copy_seconds + self.barriered.copy_seconds,
                  "oracles": sum(self.oracle_seconds.values())}
         return {**known, "other": max(0.0, self.seconds - sum(known.values()))}

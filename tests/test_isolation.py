@@ -81,6 +81,9 @@ def test_a_judged_case_round_trips_the_in_process_findings(runner):
     assert found.replay == here.replay
     clean = runner.run_case(PLAIN, "cpu", oracles=frozenset({"differential"}))
     assert (clean.outcome, clean.findings) == ("judged", [])
+    phases = clean.phases()  # the child's phases, and the rest of the round trip
+    assert phases["world"] > 0 and phases["oracles"] > 0 and phases["isolation"] >= 0
+    assert abs(sum(phases.values()) - clean.seconds) < 1e-6 + 0.01 * clean.seconds
 
 
 def test_the_childs_refusals_are_the_harness_errors_they_were(runner):

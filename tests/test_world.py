@@ -109,3 +109,15 @@ def test_the_float64_reference_on_cuda_agrees_with_the_cpu_s():
         got = reference_attention(on_gpu, layer, rows=rows)
         assert got.device.type == "cuda"
         assert (got.cpu() - want).abs().max() < 1e-10, layer
+
+
+def test_a_campaign_says_where_its_time_went():
+    from harness.campaign import run_campaign
+    from harness.findings import PHASES
+
+    summary = run_campaign(ReferenceTarget(), examples=6, seed=2, profile="dev").summary()
+    spent = summary["time"]
+    assert set(spent) == {*PHASES, "campaign"}
+    assert all(seconds >= 0 for seconds in spent.values())
+    assert spent["world"] > 0 and spent["oracles"] > 0 and spent["overlapped_forward"] > 0
+    assert abs(sum(spent.values()) - summary["duration_s"]) < 0.01 + 0.01 * summary["duration_s"]
