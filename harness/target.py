@@ -104,11 +104,11 @@ class ReferenceSession:
         for store in (pool.swa_kv, pool.extra_kv, pool.indexer_k):
             store.zero_()
         for r, row in enumerate(world.req_pool_idx):
-            slots = torch.tensor(world.full_slots[r], dtype=torch.int64, device=tdev)
-            r2t[row, : len(slots)] = slots.to(r2t.dtype)
-            swa = torch.tensor(world.swa_slots[r], dtype=torch.int64, device=tdev)
-            live = swa > 0
-            pool.full_to_swa_index_mapping[slots[live]] = swa[live]
+            slots = torch.tensor(world.full_slots[r], dtype=torch.int64)
+            r2t[row, : len(slots)] = slots.to(r2t.dtype).to(tdev)
+            swa = torch.tensor(world.swa_slots[r], dtype=torch.int64)
+            live = swa > 0  # selected on the host: a mask on the GPU would synchronise it
+            pool.full_to_swa_index_mapping[slots[live].to(tdev)] = swa[live].to(tdev)
         for name, (index, values) in kv_contents(world, after_forward=False).items():
             getattr(pool, name)[tuple(i.to(tdev) for i in index)] = values.to(tdev)
         self.sink.copy_(world.sink)
