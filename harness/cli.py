@@ -36,7 +36,7 @@ from harness.sanitizer import cli as sanitize_cli
 from harness.sharding import Shard
 from harness.static_contracts import check_classes, static_section
 from harness.static_triage import static_triage, triage_classes
-from harness.target import load_target
+from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
 from harness.triage import ENTRY_POINTS, check_object
 from harness.versions import triage_versions
@@ -439,7 +439,7 @@ def cmd_triage(args) -> int:
         return static_triage(args)
     device = resolve_device(args.device)
     target = load_target(args.target, mutant=args.mutant)
-    semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
+    semantics = (target.semantics_supported[0] if args.semantics == "auto"
                  else _semantics(args.semantics))
     session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
     backend = getattr(getattr(session, "model_runner", None), "attn_backend", None)

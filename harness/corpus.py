@@ -14,7 +14,7 @@ from harness.contracts import run_probes
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.mutants import MUTANTS, mutant_target
 from harness.sharding import WHOLE, Shard
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 from reports import junit
 from reports.cli import render_folder
 from reports.writers import replace_report, write_json_atomically

@@ -19,7 +19,8 @@ from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD, COPY_IN_PLACE
 from harness.model.pools import staged
 from harness.model.runners import ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
-from harness.target import Classes, ReferenceTarget
+from harness.probe import Snapshot
+from harness.targets import Classes, ReferenceTarget
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ def _snapshot_skipped() -> Classes:
     def _snapshot_prefill_shared_reads(self, forward_batch, *, num_qo_tokens):
         if self.model_runner.flags.cp_active or self.model_runner.flags.hisparse:
             return SharedReadEnds.UNKNOWN
-        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens,
-                        sparse=self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens))
+        self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens,
+                                 sparse=self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)))
         return SharedReadEnds.PRE_REPLAY
 
     def prepare_prefill_shared_read_snapshot(self, forward_batch, *, num_qo_tokens):
@@ -166,7 +167,7 @@ def _pr_flag_before_build() -> Classes:
             return
         metadata.prefill_shared_reads_snapshotted = True  # the bug: marked before the build
         use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
-        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=use_sparse)
+        self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens, sparse=use_sparse))
         if use_sparse:
             metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
                 forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens)

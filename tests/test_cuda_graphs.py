@@ -55,11 +55,12 @@ def _graph_case(**kw):
 
 def test_graph_cases_replay_real_graphs_at_the_padded_bucket_and_stay_clean():
     from harness.engine import run_case
-    from harness.target import ReferenceTarget
+    from harness.targets import ReferenceTarget
+    from harness.targets.protocol import GraphReplay
 
     result = run_case(ReferenceTarget(), _graph_case(), "cuda")
-    replays = [data for notes in result.overlapped.notes for kind, data in notes if kind == "graph_replay"]
-    assert replays and all(r["bucket"] == 12 and r["tokens"] == 10 for r in replays)
+    replays = [r for notes in result.overlapped.notes for r in notes if isinstance(r, GraphReplay)]
+    assert replays and all(r.bucket == 12 and r.tokens == 10 for r in replays)
     assert not result.findings, [f.message for f in result.findings]
 
 

@@ -15,7 +15,7 @@ from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants import mutant_target
 from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 
 def test_a_failure_found_on_a_seed_case_is_shrunk_from_it():

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ExitCode
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget, Target
 from reports.folder import load_folder
 
 TESTS = Path(__file__).resolve().parent
 LONG = ["run", "--device", "cpu", "--profile", "nightly", "--examples", "5000", "--progress-every", "0"]
 
 
-class _Hanging:
+class _Hanging(Target):
     """A target whose session never opens: the case in flight never ends."""
 
     name = "hanging"

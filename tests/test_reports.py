@@ -119,7 +119,7 @@ def full_folder(path: Path) -> Path:
 
 def test_campaign_summary_logs_every_counted_case(tmp_path):
     from harness.campaign import run_campaign
-    from harness.target import ReferenceTarget
+    from harness.targets import ReferenceTarget
 
     data = run_campaign(ReferenceTarget(), examples=2, seeds=False).summary()
     assert len(data["cases_log"]) == data["cases"] == 2

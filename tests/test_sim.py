@@ -10,7 +10,7 @@ from harness.device import SimDevice
 from harness.engine import execute, explore, run_case
 from harness.errors import InvalidArgument
 from harness.mutants import mutant_target
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 
 def two_stream_program(device: SimDevice, *, with_event: bool) -> torch.Tensor:

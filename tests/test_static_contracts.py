@@ -22,7 +22,7 @@ from harness.model import backend as reference_backend
 from harness.model.runners import ModelRunner
 from harness.static_contracts import check_class, check_classes
 from harness.static_triage import triage_classes
-from harness.target import Classes, ReferenceTarget
+from harness.targets import Classes, ReferenceTarget
 from harness.triage import check_object
 
 ASSIGNMENT = "        self.token_to_kv_pool = model_runner.token_to_kv_pool\n"

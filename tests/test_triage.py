@@ -6,7 +6,7 @@ from harness.case import Batch, Case, Request
 from harness.device import SimDevice
 from harness.model.backend import DeepseekV4AttnBackend
 from harness.mutants import mutant_target
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 from harness.triage import check_object
 
 
