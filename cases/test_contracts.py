@@ -11,7 +11,7 @@ from harness.device import make_device
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds, SpeculativeAlgorithm
 from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget
 from harness.targets.protocol import Publish, Snapshot, first, noted
 from harness.world import PoolSizes, build_world
@@ -252,7 +252,7 @@ def test_each_contract_fires_on_its_bug(name, case, kind):
 
 
 def test_flag_probe_passes_on_the_clean_reference_and_fires_on_the_pr_era_bug():
-    from harness.contracts import flag_set_only_after_successful_build
+    from harness.mutants.contract_probes import flag_set_only_after_successful_build
 
     assert flag_set_only_after_successful_build(ReferenceTarget()) is None
     assert "PRE_REPLAY" in flag_set_only_after_successful_build(mutant_target("pr_flag_before_build"))

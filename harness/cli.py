@@ -21,14 +21,14 @@ from typing import Optional
 from harness import nightly
 from harness.campaign import PROFILES, keeps_database, run_campaign
 from harness.case import SEMANTICS, Batch, Case, Request
-from harness.corpus import run_kill_table
+from harness.mutants.kill_table import run_kill_table
 from harness.csan import second_opinion_campaign
 from harness.device import make_device, resolve_device
 from harness.engine import explore, run_case
 from harness.errors import EnvironmentBroken, ExitCode, HarnessError, InvalidArgument, describe_internal_error
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
-from harness.mutants import MUTANTS
+from harness.mutants.corpus import MUTANTS
 from harness.oracles import oracle_names, parse_oracles
 from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
 from harness.project_config import find_pyproject, project_defaults

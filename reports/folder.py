@@ -212,7 +212,7 @@ def check_telemetry(check: _Check, telemetry: dict, where: str) -> dict:
 
 
 def check_mutants(check: _Check, data) -> list[dict]:
-    """The kill table (harness/corpus.py run_kill_table): one row per mutant."""
+    """The kill table (harness/mutants/kill_table.py run_kill_table): one row per mutant."""
     if not isinstance(data, list):
         check.fail("the top level must be a list of mutant rows")
     for prefix, row in check.items({"rows": data}, "rows"):
@@ -229,7 +229,7 @@ def check_mutants(check: _Check, data) -> list[dict]:
 
 
 def check_clean_reference(check: _Check, data) -> dict:
-    """harness/corpus.py: the clean reference through the kill table's campaign (it must find nothing)."""
+    """harness/mutants/kill_table.py: the clean reference through the kill table's campaign (it must find nothing)."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
     check.need(data, "cases", "int")

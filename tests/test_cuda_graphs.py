@@ -66,7 +66,7 @@ def test_graph_cases_replay_real_graphs_at_the_padded_bucket_and_stay_clean():
 
 def test_a_live_read_inside_a_real_graph_replay_is_caught_and_the_window_is_recorded():
     from harness.engine import run_case
-    from harness.mutants import mutant_target
+    from harness.mutants.corpus import mutant_target
 
     result = run_case(mutant_target("in_graph_live_metadata"), _graph_case(), "cuda")
     hb = [f for f in result.findings if f.oracle == "happens-before"]

@@ -18,7 +18,7 @@ from harness.case import Batch, Case, Mutation, Request
 from harness.engine import replay_command, run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.isolation import IsolatedRunner, _exit_status
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget, Target
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))

@@ -8,7 +8,7 @@ import torch
 from harness.case import Batch, Case, Flags, Mutation, Request
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from harness.sglang_target.differential import describe_difference
 from harness.targets import ReferenceTarget, Target
 

@@ -14,7 +14,7 @@ import pytest
 from harness.case import Batch, Case, Mutation, Request
 from harness.cli import main
 from harness.engine import run_case
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder

@@ -122,7 +122,7 @@ def test_differential_names_the_fields_that_differ(target, harness_device):
 
     (It first found a real one: 0.5.23's eager runner runs a MIXED batch as EXTEND and publishes,
     where the reference did not; the reference now follows the real code.)"""
-    from harness.mutants import mutant_target
+    from harness.mutants.corpus import mutant_target
     from harness.sglang_target import differential_against_reference
 
     mixed = Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(2, 5), Request(9, 1))),))

@@ -18,7 +18,7 @@ from harness.targets.reference import Classes, ReferenceSession, ReferenceTarget
 # `--target NAME` for the built-in names; anything else is `module:factory`.
 BUILTIN_TARGETS = {"reference": "harness.targets.reference:ReferenceTarget",
                    "sglang": "harness.sglang_target:make_target"}
-MUTANT_FACTORY = "harness.mutants:mutant_target"  # --mutant NAME: the reference with one seeded bug
+MUTANT_FACTORY = "harness.mutants.corpus:mutant_target"  # --mutant NAME: the reference with one seeded bug
 
 
 def resolve_factory(spec: str, shown: str) -> Callable:

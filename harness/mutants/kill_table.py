@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 
 from harness.campaign import run_campaign
-from harness.contracts import run_probes
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
-from harness.mutants import MUTANTS, mutant_target
+from harness.mutants.contract_probes import run_probes
+from harness.mutants.corpus import MUTANTS, mutant_target
 from harness.sharding import WHOLE, Shard
 from harness.targets import ReferenceTarget
 from reports import junit
