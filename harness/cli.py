@@ -34,12 +34,12 @@ from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignP
 from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
 from harness.sharding import Shard
-from harness.static_contracts import check_classes, static_section
-from harness.static_triage import static_triage, triage_classes
+from harness.triage.source import check_classes, static_section
+from harness.triage.static import static_triage, triage_classes
 from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
-from harness.triage import ENTRY_POINTS, check_object
-from harness.versions import triage_versions
+from harness.triage.objects import ENTRY_POINTS, check_object
+from harness.triage.versions import triage_versions
 from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
 from reports import cli as report_cli

@@ -266,7 +266,7 @@ def check_triage(check: _Check, data) -> dict:
 
 
 def check_versions(check: _Check, data) -> dict:
-    """harness/versions.py (`triage --versions`): the triage outcome per sglang version, and the first that broke."""
+    """harness/triage/versions.py (`triage --versions`): the triage outcome per sglang version, and the first that broke."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
     check.need(data, "first_failing", "str", nullable=True)

@@ -7,7 +7,7 @@ from harness.device import SimDevice
 from harness.model.backend import DeepseekV4AttnBackend
 from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget
-from harness.triage import check_object
+from harness.triage.objects import check_object
 
 
 def built_backend(target):
