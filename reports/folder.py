@@ -239,7 +239,7 @@ def check_clean_reference(check: _Check, data) -> dict:
 
 
 def check_triage(check: _Check, data) -> dict:
-    """harness/cli.py cmd_triage: the contract breaks on the built object, the static breaks on the
+    """harness/commands/triage.py: the contract breaks on the built object, the static breaks on the
     source, then a short campaign; `triage --static-only` writes the static part alone."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
