@@ -158,19 +158,15 @@ def _snapshot_is_view() -> Classes:
 @mutant("pr_flag_before_build", "PR-era: prefill_shared_reads_snapshotted is set before the build, so a failing "
         "build leaves it set", "#35947 test_sparse_prefill_snapshot_marks_success_only_after_build", "contract")
 def _pr_flag_before_build() -> Classes:
+    """The reference's snapshot, with the flag left set when the build raises: what setting it before the
+    build does, and all it changes (a build that succeeds sets it anyway). The build itself cannot be the
+    override: the contract probe replaces `_build_sparse_prefill_chunk_cache` on the instance."""
     def prepare_prefill_shared_read_snapshot(self, forward_batch, *, num_qo_tokens):
-        metadata, flags = self.forward_metadata, self.model_runner.flags
-        metadata.prefill_shared_reads_snapshotted = False
-        if not (flags.prefill_read_done_enabled("pr") and forward_batch.forward_mode is ForwardMode.EXTEND
-                and self.model_runner.spec_algorithm.is_dflash_family() and not flags.cp_active
-                and not flags.hisparse):
-            return
-        metadata.prefill_shared_reads_snapshotted = True  # the bug: marked before the build
-        use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
-        self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens, sparse=use_sparse))
-        if use_sparse:
-            metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
-                forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens)
+        try:
+            DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot(self, forward_batch, num_qo_tokens=num_qo_tokens)
+        except Exception:
+            self.forward_metadata.prefill_shared_reads_snapshotted = True  # the bug: marked before the build
+            raise
 
     return _backend(prepare_prefill_shared_read_snapshot=prepare_prefill_shared_read_snapshot)
 
