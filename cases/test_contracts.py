@@ -10,7 +10,7 @@ from harness.case import Batch, Case, Flags, Request
 from harness.device import make_device
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds, SpeculativeAlgorithm
-from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
+from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
 from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget
 from harness.targets.protocol import Publish, Snapshot, first, noted
@@ -61,8 +61,8 @@ def test_prefill_snapshot_declares_pre_replay_boundary():
 
 
 @pytest.mark.parametrize("semantics", ["pr", "0.5.23"])
-@pytest.mark.parametrize("tokens,built", [(_LARGE_INDEXER_QUERY_THRESHOLD, False),
-                                          (_LARGE_INDEXER_QUERY_THRESHOLD + 1, True)])
+@pytest.mark.parametrize("tokens,built", [(LARGE_INDEXER_QUERY_THRESHOLD, False),
+                                          (LARGE_INDEXER_QUERY_THRESHOLD + 1, True)])
 def test_snapshot_builds_cache_only_for_sparse_prefill(semantics, tokens, built):
     session, device, fb = open_session(big_case(semantics, tokens))
     backend = session.model_runner.attn_backend

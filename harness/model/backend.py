@@ -14,7 +14,7 @@ import torch
 
 from harness.model.attention import ceil_align, sparse_attention_on
 from harness.model.enums import ForwardMode, SharedReadEnds
-from harness.model.metadata import (_LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
+from harness.model.metadata import (LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
                                     SparsePrefillChunkCache)
 from harness.model.pools import ForwardBatch, staged
 from harness.probe import Forward, LazyBuild, Snapshot, SwaLocFallback
@@ -84,7 +84,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
             forward_batch.forward_mode.is_extend_without_speculative()
             and not flags.cp_active
             and self.forward_metadata.late_layer_tail is None
-            and (num_qo_tokens > _LARGE_INDEXER_QUERY_THRESHOLD or flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
+            and (num_qo_tokens > LARGE_INDEXER_QUERY_THRESHOLD or flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
         )
 
     # -- PR-era snapshot -----------------------------------------------------------------------

@@ -35,7 +35,7 @@ def maybe_publish_prefill_shared_read_done(model_runner, shared_read_ends: Share
         return
     if model_runner.flags.offloads_kv():  # host/storage offload is ordered only behind the schedule stream
         return
-    _publish(model_runner, device)
+    record_and_publish(model_runner, device)
 
 
 def maybe_publish_prefill_shared_read_done_pr(model_runner, forward_batch: ForwardBatch, device) -> None:
@@ -51,10 +51,11 @@ def maybe_publish_prefill_shared_read_done_pr(model_runner, forward_batch: Forwa
         return
     if model_runner.flags.offloads_kv():
         return
-    _publish(model_runner, device)
+    record_and_publish(model_runner, device)
 
 
-def _publish(model_runner, device) -> None:
+def record_and_publish(model_runner, device) -> None:
+    """Record the read-done event on the current stream and put it in the runner's mailbox for the scheduler."""
     read_done = device.record_event()
     model_runner.shared_read_done_event = read_done
     model_runner.probe.note(Publish(stream=device.current_stream.name, event=read_done.id))
