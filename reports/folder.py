@@ -130,7 +130,7 @@ def _read_json(path: Path):
 
 
 def check_summary(check: _Check, data, where: str = "") -> dict:
-    """The campaign's summary (harness/campaign.py CampaignResult.summary, plus cmd_run's fields)."""
+    """The campaign's summary (harness/campaign.py CampaignResult.summary, plus the fields harness/commands/run.py adds)."""
     if not isinstance(data, dict):
         check.fail(f"{('field ' + repr(where.rstrip('.'))) if where else 'the top level'} must be an object")
     for key in ("target", "device", "semantics"):
