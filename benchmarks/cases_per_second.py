@@ -17,7 +17,7 @@ import time
 from harness.case import Batch, Case, Dims, Flags, Mutation, Request
 from harness.engine import run_case
 from harness.findings import PHASES
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 MUTATIONS = (Mutation("swa_clear", count=4), Mutation("req_to_token_rewrite", count=2))
 

@@ -13,7 +13,7 @@ import time
 
 from harness.campaign import run_campaign
 from harness.sharding import Shard
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from harness.case import Batch, Case, Mutation, Request
 from harness.engine import execute, run_case
 from harness.hb import HappensBefore
 from harness.strategies import seed_cases
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 
 class Untracked:

@@ -10,9 +10,10 @@ from harness.case import Batch, Case, Flags, Request
 from harness.device import make_device
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds, SpeculativeAlgorithm
-from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
-from harness.mutants import mutant_target
-from harness.target import ReferenceTarget
+from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
+from harness.mutants.corpus import mutant_target
+from harness.targets import ReferenceTarget
+from harness.targets.protocol import Publish, Snapshot, first, noted
 from harness.world import PoolSizes, build_world
 
 S = SpeculativeAlgorithm
@@ -60,8 +61,8 @@ def test_prefill_snapshot_declares_pre_replay_boundary():
 
 
 @pytest.mark.parametrize("semantics", ["pr", "0.5.23"])
-@pytest.mark.parametrize("tokens,built", [(_LARGE_INDEXER_QUERY_THRESHOLD, False),
-                                          (_LARGE_INDEXER_QUERY_THRESHOLD + 1, True)])
+@pytest.mark.parametrize("tokens,built", [(LARGE_INDEXER_QUERY_THRESHOLD, False),
+                                          (LARGE_INDEXER_QUERY_THRESHOLD + 1, True)])
 def test_snapshot_builds_cache_only_for_sparse_prefill(semantics, tokens, built):
     session, device, fb = open_session(big_case(semantics, tokens))
     backend = session.model_runner.attn_backend
@@ -93,8 +94,8 @@ def test_sparse_prefill_snapshot_marks_success_only_after_build():
 def test_replay_snapshot_uses_padded_token_count(semantics):
     case = pr_case(graph=True) if semantics == "pr" else Case(batches=(Batch(requests=(Request(5, 6), Request(0, 3)), graph=True),))
     result = run_case(ReferenceTarget(), case, DEVICE)
-    snapshot = dict(result.overlapped.notes[0])["snapshot"]
-    assert snapshot["num_qo_tokens"] == 12  # 9 tokens replay at the 12-token bucket
+    snapshot = first(result.overlapped.notes[0], Snapshot)
+    assert snapshot.num_qo_tokens == 12  # 9 tokens replay at the 12-token bucket
     assert not result.findings
 
 
@@ -104,7 +105,7 @@ def test_dflash_family_target_prefill_publishes(semantics, spec):
     case = Case(semantics=semantics, spec=spec, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True),
                 batches=(Batch(requests=(Request(3, 5),)),))
     result = run_case(ReferenceTarget(), case, DEVICE)
-    assert "publish" in [k for k, _ in result.overlapped.notes[0]]
+    assert noted(result.overlapped.notes[0], Publish)
     assert not result.findings
 
 
@@ -129,7 +130,7 @@ GATES = [
 def test_publish_gates(rule, fields, publishes):
     case = Case(batches=(Batch(requests=(Request(7, 5),)),), **fields)
     result = run_case(ReferenceTarget(), case, DEVICE)
-    assert ("publish" in [k for k, _ in result.overlapped.notes[0]]) is publishes, rule
+    assert (noted(result.overlapped.notes[0], Publish)) is publishes, rule
     assert not result.findings
 
 
@@ -150,7 +151,7 @@ PR_GATES = [
 def test_pr_era_publish_gates(rule, fields, publishes):
     case = Case(semantics="pr", batches=(Batch(requests=(Request(7, 5),)),), **{"flags": ON, **fields})
     result = run_case(ReferenceTarget(), case, DEVICE)
-    assert ("publish" in [k for k, _ in result.overlapped.notes[0]]) is publishes, rule
+    assert (noted(result.overlapped.notes[0], Publish)) is publishes, rule
     assert not result.findings
 
 
@@ -158,7 +159,7 @@ def test_pr_era_publish_gates(rule, fields, publishes):
 def test_only_extend_publishes(mode):
     case = Case(batches=(Batch(mode=mode, requests=(Request(7, 5), Request(4, 1))),))
     result = run_case(ReferenceTarget(), case, DEVICE)
-    assert "publish" not in [k for k, _ in result.overlapped.notes[0]]
+    assert not noted(result.overlapped.notes[0], Publish)
     assert not result.findings
 
 
@@ -176,14 +177,14 @@ def test_mixed_publishes_only_where_it_runs_as_extend(semantics, graph, cp, publ
                 flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=cp),
                 batches=(Batch(mode=ForwardMode.MIXED, requests=MIXED, graph=graph),))
     result = run_case(ReferenceTarget(), case, DEVICE)
-    assert ("publish" in [k for k, _ in result.overlapped.notes[0]]) is publishes
+    assert (noted(result.overlapped.notes[0], Publish)) is publishes
     assert not result.findings
 
 
 def test_bcg_replay_stays_coarse():
     case = Case(graph_contract="bcg", batches=(Batch(requests=(Request(7, 5),), graph=True),))
     result = run_case(ReferenceTarget(), case, DEVICE)
-    assert "publish" not in [k for k, _ in result.overlapped.notes[0]]
+    assert not noted(result.overlapped.notes[0], Publish)
     assert not result.findings
 
 
@@ -251,7 +252,7 @@ def test_each_contract_fires_on_its_bug(name, case, kind):
 
 
 def test_flag_probe_passes_on_the_clean_reference_and_fires_on_the_pr_era_bug():
-    from harness.contracts import flag_set_only_after_successful_build
+    from harness.mutants.contract_probes import flag_set_only_after_successful_build
 
     assert flag_set_only_after_successful_build(ReferenceTarget()) is None
     assert "PRE_REPLAY" in flag_set_only_after_successful_build(mutant_target("pr_flag_before_build"))

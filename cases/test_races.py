@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.campaign import run_campaign
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 PLANTED = ["snapshot_skipped", "event_before_snapshot", "eagle_publishes", "snapshot_is_view",
            "scheduler_no_wait", "event_on_wrong_stream", "pool_reuse_before_barrier"]

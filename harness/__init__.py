@@ -11,7 +11,7 @@ from harness.campaign import run_campaign
 from harness.case import Batch, Case, Dims, Flags, Mutation, Request
 from harness.engine import Finding, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
-from harness.target import ReferenceTarget, load_target
+from harness.targets import ReferenceTarget, load_target
 
 __all__ = ["Batch", "Case", "Dims", "EnvironmentBroken", "Finding", "Flags", "HarnessError", "InvalidArgument",
            "Mutation", "ReferenceTarget", "Request", "load_target", "run_campaign", "run_case"]

@@ -1,7 +1,8 @@
 """`python -m harness`: run a campaign, replay a finding, explore every interleaving, run the mutant table.
 
 Exit codes: 0 nothing found, 1 something found, 2 bad usage or configuration, 3 broken environment,
-4 interrupted (SIGINT or SIGTERM) before anything was found: the report holds the cases so far.
+4 interrupted (SIGINT or SIGTERM) before anything was found: the report holds the cases so far,
+5 the harness's own failure (not the system under test's), with where it happened.
 Defaults can be set under [tool.dsv4-harness] in pyproject.toml (target, semantics, profile,
 report-dir); the command line wins.
 """
@@ -9,162 +10,34 @@ report-dir); the command line wins.
 from __future__ import annotations
 
 import argparse
-import os
-import random
-import shutil
 import sys
 import traceback
-from dataclasses import asdict
-from pathlib import Path
 from typing import Optional
 
 from harness import nightly
-from harness.campaign import PROFILES, keeps_database, run_campaign
-from harness.case import SEMANTICS, Batch, Case, Request
-from harness.corpus import run_kill_table
-from harness.csan import second_opinion_campaign
-from harness.device import make_device, resolve_device
-from harness.engine import explore, run_case
-from harness.errors import EnvironmentBroken, ExitCode, HarnessError, InvalidArgument, describe_internal_error
-from harness.example_db import check_shared
-from harness.interrupts import stop_on_signals
-from harness.mutants import MUTANTS
-from harness.oracles import oracle_names, parse_oracles
-from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
+from harness.commands import csan, explore, mutants, replay, run, triage
+from harness.commands.options import HarnessParser
+from harness.errors import ExitCode, HarnessError, describe_internal_error
 from harness.project_config import find_pyproject, project_defaults
 from harness.sanitizer import cli as sanitize_cli
-from harness.sharding import Shard
-from harness.static_contracts import check_classes, static_section
-from harness.static_triage import static_triage, triage_classes
-from harness.target import load_target
-from harness.telemetry import TelemetryWindow, annotate_summary
-from harness.triage import ENTRY_POINTS, check_object
-from harness.versions import triage_versions
-from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
-from harness.workers import plan as plan_workers
 from reports import cli as report_cli
-from reports import junit, merge
-from reports.cli import render_folder
-from reports.folder import SUMMARY, load_folder
-from reports.merge import merge_summaries
-from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
+from reports import merge
 
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors exit 2, as ours do; every option's help ends with its default."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.print_usage(sys.stderr)
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(ExitCode.USAGE)
+# The subcommands by name. This module only builds the parser and dispatches: each subcommand's options and
+# its run are in its own module, `add_parser(sub)` and `run(args)` (`harness.commands`, and the four that
+# live beside their feature).
+COMMANDS = {"run": run, "replay": replay, "explore": explore, "triage": triage, "csan": csan, "mutants": mutants,
+            "sanitize": sanitize_cli, "report": report_cli, "merge": merge, "nightly": nightly}
 
 
 def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     """`defaults`: argparse destinations -> values ([tool.dsv4-harness] in pyproject.toml), which
     replace the built-in defaults of every subcommand that has the option, in --help too."""
-    parser = _Parser(prog="python -m harness", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    def common(p):
-        p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-        p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
-        p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
-        p.add_argument("--oracles", default=None,
-                       help=f"comma-separated subset of: {', '.join(oracle_names())} (none given: all)")
-
-    run = sub.add_parser("run", help="run a fuzz campaign (the main job)")
-    common(run)
-    run.add_argument("--examples", type=int, default=None, help="cases in all (none given: the profile's)")
-    run.add_argument("--seed", type=int, default=None, help="hypothesis seed (none given: the profile's)")
-    run.add_argument("--profile", default="ci", help="dev (50 cases) | ci (200, derandomized) | nightly (5000)")
-    run.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    run.add_argument("--report-dir", default="harness-report", help="the report folder")
-    run.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
-    run.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
-    run.add_argument("--keep-going", type=int, default=1, metavar="N",
-                     help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
-                          "stopping")
-    run.add_argument("--no-seeds", action="store_true",
-                     help="draw every case: skip the hand-written seed cases of the protocol's shapes")
-    run.add_argument("--isolate", default="auto",
-                     help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
-                          "finding: SECONDS | off | auto (120 on cuda, off on cpu)")
-    run.add_argument("--from-db", action="store_true",
-                     help="replay the failures stored in REPORT_DIR/examples and any --example-db, then the seed cases")
-    run.add_argument("--shard", default="1/1", help="K/N: judge only part K of N of the case stream (reproducible, "
-                                                    "disjoint; merge the parts with `harness merge`)")
-    run.add_argument("--workers", default="1", help="N | auto: N campaign processes, each on its own part of the "
-                                                    "stream and pinned to its own GPU (auto: one per visible GPU on "
-                                                    "cuda, one per core on cpu), merged into one report")
-    run.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
-                     help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
-                          "there, and failures saved there by other hosts replay here (repeatable)")
-    run.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                     help="off a terminal, a progress line this often")
-    volume = run.add_mutually_exclusive_group()
-    volume.add_argument("-q", "--quiet", action="store_true", help="no progress output, only the result")
-    volume.add_argument("-v", "--verbose", action="store_true", help="a line per case as well")
-
-    replay = sub.add_parser("replay", help="replay one finding exactly")
-    common(replay)
-    replay.add_argument("--case", required=True, help="the case as JSON, or @FILE")
-    replay.add_argument("--schedule", default="adversarial", help="adversarial | random:SEED | forced:CHOICES")
-
-    explore = sub.add_parser("explore", help="try every interleaving the events allow (CPU simulator)")
-    common(explore)
-    explore.add_argument("--case", required=True, help="the case as JSON, or @FILE")
-    explore.add_argument("--bound", type=int, default=500, help="stop after this many interleavings")
-
-    triage = sub.add_parser("triage", help="interface contracts on the built backend, then a short campaign")
-    common(triage)
-    triage.add_argument("--examples", type=int, default=50, help="cases of the short campaign")
-    triage.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23 | auto (what the target implements)")
-    triage.add_argument("--report-dir", default="harness-report", help="the report folder")
-    triage.add_argument("--versions", default=None,
-                        help="comma-separated sglang versions from PyPI: triage each in its own environment and "
-                             "report the first failing one")
-    triage.add_argument("--cache-dir", default=None, help="with --versions: wheels and environments "
-                                                          "(none given: REPORT_DIR/envs)")
-    triage.add_argument("--bisect", action="store_true",
-                        help="with --versions: run as few versions as a binary search needs")
-    triage.add_argument("--missing-backend-fails", action="store_true",
-                        help="with --versions: a version without the DSV4 backend module counts as failing")
-    triage.add_argument("--static-only", action="store_true",
-                        help="only the check on the source (no built object, no campaign); with --target sglang it "
-                             "also runs on versions the target cannot drive")
-
-    csan = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
-    csan.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    csan.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
-    csan.add_argument("--examples", type=int, default=100, help="cases")
-    csan.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    csan.add_argument("--report-dir", default="harness-report", help="the report folder")
-
-    mutants = sub.add_parser("mutants", help="run the clean reference and every seeded bug: the kill table")
-    mutants.add_argument("--device", default="cpu", help="cpu | cuda")
-    mutants.add_argument("--examples", type=int, default=200, help="cases per campaign")
-    mutants.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    mutants.add_argument("--report-dir", default="harness-report", help="the report folder")
-    mutants.add_argument("--overwrite", action="store_true", help="replace the kill table already in --report-dir")
-    mutants.add_argument("--only", default=None, help="comma-separated mutant names (none given: all)")
-    mutants.add_argument("--shard", default="1/1", help="K/N: part K of N of the mutants (the clean reference runs "
-                                                        "in part 1)")
-    mutants.add_argument("--list", action="store_true", help="print the mutants, one a line, and exit")
-    mutants.add_argument("--no-seeds", action="store_true",
-                         help="draw every case of each campaign: skip the hand-written seed cases")
-    mutants.add_argument("--seed", type=int, default=None,
-                         help="hypothesis seed of every campaign (none given: the ci profile's fixed stream); another "
-                              "seed shows whether a kill depends on one stream")
-    sanitize_cli.add_parser(sub)
-    report_cli.add_parser(sub)
-    merge.add_parser(sub)
-    nightly.add_parser(sub)
+    parser = HarnessParser(prog="python -m harness", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=HarnessParser)
+    for command in COMMANDS.values():
+        command.add_parser(sub)
     for subparser in sub.choices.values():
         known = {action.dest for action in subparser._actions}
         subparser.set_defaults(**{dest: value for dest, value in (defaults or {}).items() if dest in known})
@@ -174,10 +47,7 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     try:
         args = build_parser(project_defaults(find_pyproject())).parse_args(argv)
-        commands = {"run": cmd_run, "replay": cmd_replay, "explore": cmd_explore, "mutants": cmd_mutants,
-                    "triage": cmd_triage, "csan": cmd_csan, "sanitize": sanitize_cli.run,
-                    "report": report_cli.run, "merge": merge.run, "nightly": nightly.run}
-        return commands[args.command](args)
+        return COMMANDS[args.command].run(args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -185,300 +55,3 @@ def main(argv=None) -> int:
         traceback.print_exc()
         print(describe_internal_error(exc), file=sys.stderr)
         return ExitCode.INTERNAL
-
-
-def _semantics(value: str) -> str:
-    if value not in SEMANTICS:
-        raise InvalidArgument(f"--semantics={value!r} is not one of: {', '.join(SEMANTICS)}")
-    return value
-
-
-def _load_case(text: str):
-    if text.startswith("@"):
-        path = Path(text[1:])
-        if not path.is_file():
-            raise InvalidArgument(f"--case {text}: no such file")
-        text = path.read_text()
-    return Case.from_json(text)
-
-
-def cmd_run(args) -> int:
-    semantics = _semantics(args.semantics)
-    if args.profile not in PROFILES:
-        raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
-    if args.examples is not None and args.examples < 1:
-        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
-    if args.keep_going < 1:
-        raise InvalidArgument(f"--keep-going={args.keep_going}: must be >= 1 (the number of distinct failures to "
-                              "collect)")
-    if not args.progress_every >= 0:
-        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
-    shard = Shard.parse(args.shard)
-    if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
-        raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
-                              "every shard, so that the shards are parts of one case stream")
-    shared = [check_shared(spec) for spec in args.example_db]
-    if (shared or args.from_db) and not keeps_database(args.profile, args.seed):
-        flag = "--from-db" if args.from_db else "--example-db"
-        raise InvalidArgument(f"{flag}: the {args.profile!r} profile is derandomized and keeps no example database "
-                              "(dev and nightly do, and so does any profile with --seed)")
-    device = resolve_device(args.device)
-    isolate_s = _isolate(args.isolate, device)
-    oracles = parse_oracles(args.oracles)
-    report_dir = Path(args.report_dir)
-    if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
-        refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
-    target = load_target(args.target, mutant=args.mutant)
-    in_workers, gpus, count = worker_plan(args.workers, device)
-    if in_workers and args.from_db:
-        raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
-    verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
-    with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
-        announce_ready()
-        if in_workers:
-            summary = _run_workers(args, device=device, semantics=semantics, shard=shard, count=count, gpus=gpus,
-                                   shared=shared, report_dir=report_dir, stop=stop)
-        else:
-            summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
-                               isolate_s=isolate_s, oracles=oracles, verbosity=verbosity, report_dir=report_dir,
-                               stop=stop)
-    print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
-          f"{', shard ' + args.shard if shard.count > 1 else ''}) in {summary['duration_s']:.1f}s"
-          f" ({summary['cases_per_second']} cases/s): {len(summary['findings'])} finding(s)")
-    for row in summary.get("workers") or []:
-        gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
-        print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
-              f"{row['cases']} cases, {row['cases_per_second']} cases/s")
-    if summary.get("time") and not args.quiet:
-        print(f"  time: {time_shares(summary['time'])}")
-    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
-    for finding in summary["findings"]:
-        failures.setdefault(finding["replay"], []).append(finding)
-    for replay, findings in failures.items():
-        for finding in findings:
-            print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
-        label = "minimal case" if summary.get("shrunk") else "case (not shrunk)"
-        print(f"  {label}: {findings[0]['case_summary']}")
-        print(f"  replay: {replay}")
-    if failures:
-        if summary["first_detection"]:
-            print(f"  found after {summary['first_detection']['examples']} example(s), "
-                  f"{summary['first_detection']['seconds']:.2f}s")
-        if summary.get("shrunk") and summary.get("shrink_seconds") is not None:
-            print(f"  shrunk in {summary['shrink_seconds']:.2f}s"
-                  f"{', starting from the seed case it was found on' if summary.get('found_on_seed') else ''}")
-    if summary["interrupted"]:
-        print(f"interrupted by {summary['interrupted']} after {summary['cases']} cases: the report holds them")
-    print(f"summary: {report_dir / ('replay-summary.json' if args.from_db else SUMMARY)}")
-    print(f"page: {report_dir / 'index.html'}")
-    if summary["findings"]:
-        return ExitCode.FOUND
-    return ExitCode.INTERRUPTED if summary["interrupted"] else ExitCode.OK
-
-
-def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracles, verbosity, report_dir,
-             stop) -> dict:
-    """One campaign in this process; its summary and page replace the folder's in one step."""
-    total = args.examples or PROFILES[args.profile]["max_examples"]
-    with TelemetryWindow(required=device == "cuda") as window, \
-            CampaignProgress(len(range(shard.index - 1, total, shard.count)), verbosity=verbosity,
-                             every_s=args.progress_every) as progress:
-        result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                              examples=args.examples, seed=args.seed, profile=args.profile,
-                              database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
-                              shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
-                              seeds=not args.no_seeds, keep_going=args.keep_going,
-                              shard=shard, shared_databases=shared, should_stop=stop)
-    summary = annotate_summary(result.summary(), window)
-    summary["mutant"] = args.mutant
-    summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
-    summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
-    name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
-    _publish(report_dir, name, summary, keeps_workers=args.from_db)
-    return summary
-
-
-def time_shares(spent: dict[str, float]) -> str:
-    """`summary.json`'s `time`, as shares of its total, largest first: "oracles 31%, world 12%, ..."."""
-    total = sum(spent.values()) or 1.0
-    return ", ".join(f"{phase.replace('_', ' ')} {seconds / total:.0%}"
-                     for phase, seconds in sorted(spent.items(), key=lambda item: -item[1]) if seconds / total >= 0.005)
-
-
-def worker_plan(spec: str, device: str) -> tuple[bool, Optional[list[str]], int]:
-    """Whether the campaign runs in worker processes, the GPUs they are pinned to, and how many. Any
-    `--workers` but the default 1 is asked for: even one worker runs apart, pinned, and is listed in the
-    report. The default runs in this process and needs no GPU listing (NVML) at all."""
-    if spec == "1":
-        return False, None, 1
-    gpus = visible_gpus() if device == "cuda" else None
-    return True, gpus, worker_count(spec, device, gpus)
-
-
-def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_dir, stop) -> dict:
-    """`count` worker processes on the parts of `shard`, then one merged summary and page. A random
-    profile without --seed gets one seed drawn here, so that the workers share one case stream (the
-    summary records it, so the run can be repeated)."""
-    if args.seed is None and not PROFILES[args.profile]["derandomize"]:
-        args.seed = random.getrandbits(32)
-    staging = new_staging_folder(report_dir)
-    try:
-        workers = plan_workers(count, shard, staging, gpus)
-        databases = shared + ([str(report_dir / "examples")] if keeps_database(args.profile, args.seed) else [])
-        run_args = ["--target", args.target, "--device", device, "--profile", args.profile, "--semantics", semantics,
-                    "--isolate", args.isolate, "--progress-every", str(args.progress_every), "--workers", "1"]
-        for flag, value in (("--mutant", args.mutant), ("--oracles", args.oracles), ("--examples", args.examples),
-                            ("--seed", args.seed)):
-            if value is not None:
-                run_args += [flag, str(value)]
-        run_args += [arg for db in databases for arg in ("--example-db", db)]
-        run_args += (["--no-shrink"] if args.no_shrink else []) + (["--no-seeds"] if args.no_seeds else [])
-        run_args += ["--keep-going", str(args.keep_going)]
-        run_args += (["-q"] if args.quiet else []) + (
-            ["-v"] if args.verbose else [])
-        processes = WorkerProcesses(workers, run_args)
-        stop.forward_to(processes.signal)
-        for worker in workers:
-            print(f"worker {worker.name}: shard {worker.shard} of the stream"
-                  f"{', CUDA_VISIBLE_DEVICES=' + worker.cuda_visible_devices if worker.cuda_visible_devices else ''}",
-                  file=sys.stderr)
-        processes.start()  # a signal before this is held by `processes` for each worker until it is ready
-        codes, wall_s = processes.wait()
-        sources = []
-        for worker, code in zip(workers, codes, strict=True):
-            if code not in (ExitCode.OK, ExitCode.FOUND, ExitCode.INTERRUPTED) or not (worker.folder / SUMMARY).is_file():
-                log = (worker.folder / "output.log").read_text(errors="replace").strip()[-1500:]
-                raise EnvironmentBroken(f"worker {worker.name} (shard {worker.shard}) exited {code} without a "
-                                        f"campaign summary; its output ends:\n{log or '(nothing)'}")
-            sources.append((f"{WORKERS_DIR}/{worker.name}", load_folder(worker.folder).summary))
-        summary = merge_summaries(sources, duration_s=wall_s, whole=shard.to_dict())
-        summary["interrupted"] = summary["interrupted"] or stop.signal_name
-        _publish(report_dir, SUMMARY, summary, staging=staging)
-        return summary
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Path] = None,
-             keeps_workers: bool = False) -> None:
-    """The summary, its JUnit and the page replace the folder's in one step (`replace_report`); the
-    previous run's workers' folders go too, unless this is a replay beside that run."""
-    def build(folder: Path) -> None:
-        write_json_atomically(folder / name, summary)
-        render_folder(folder, shown_as=report_dir)
-
-    replaced = (name, junit.CAMPAIGN, "index.html") + (() if keeps_workers else (WORKERS_DIR,))
-    replace_report(report_dir, replaced, build, staging=staging)
-
-
-def _isolate(value: str, device: str):
-    if value == "auto":
-        return 120.0 if device == "cuda" else None
-    if value == "off":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if seconds <= 0:
-        raise InvalidArgument(f"--isolate={value!r}: a timeout in seconds > 0, off, or auto")
-    return seconds
-
-
-def cmd_replay(args) -> int:
-    case = _load_case(args.case)
-    device = resolve_device(args.device)
-    target = load_target(args.target, mutant=args.mutant)
-    result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant,
-                      oracles=parse_oracles(args.oracles))
-    print(f"case: {case.summary()}")
-    print(f"schedule: {args.schedule}; executed order: forced:{result.overlapped.schedule}")
-    for line in result.overlapped.trace:
-        print(f"    {line}")
-    for finding in result.findings:
-        print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
-    print(f"{len(result.findings)} finding(s)")
-    return ExitCode.FOUND if result.findings else ExitCode.OK
-
-
-def cmd_explore(args) -> int:
-    if resolve_device(args.device) != "cpu":
-        raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
-    if args.bound < 1:
-        raise InvalidArgument(f"--bound={args.bound}: must be >= 1")
-    case = _load_case(args.case)
-    target = load_target(args.target, mutant=args.mutant)
-    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,
-                      oracles=parse_oracles(args.oracles))
-    per_oracle = ", ".join(f"{name} {count}" for name, count in sorted(outcome.by_oracle.items()))
-    print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "
-          f"{len(outcome.failing)} with findings{' (' + per_oracle + ')' if per_oracle else ''}")
-    for schedule, finding in outcome.failing[:10]:
-        print(f"  forced:{schedule}  [{finding.oracle}/{finding.kind}] {finding.message}")
-    return ExitCode.FOUND if outcome.failing else ExitCode.OK
-
-
-def cmd_mutants(args) -> int:
-    if args.list:
-        for m in MUTANTS.values():
-            print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
-        return ExitCode.OK
-    semantics = _semantics(args.semantics)
-    shard = Shard.parse(args.shard)
-    report_dir = Path(args.report_dir)
-    refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)
-    return run_kill_table(device=args.device, examples=args.examples, semantics=semantics, report_dir=report_dir,
-                          only=args.only, shard=shard, seeds=not args.no_seeds, seed=args.seed)
-
-
-def cmd_triage(args) -> int:
-    if args.versions is not None:
-        return triage_versions(args)
-    if args.static_only:
-        return static_triage(args)
-    device = resolve_device(args.device)
-    target = load_target(args.target, mutant=args.mutant)
-    semantics = (getattr(target, "semantics_supported", ("0.5.23",))[0] if args.semantics == "auto"
-                 else _semantics(args.semantics))
-    session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
-    backend = getattr(getattr(session, "model_runner", None), "attn_backend", None)
-    if backend is None:
-        raise InvalidArgument(f"triage --target {args.target}: its session has no model_runner.attn_backend, the "
-                              f"object triage checks; give a target whose session exposes its attention backend")
-    breaks = check_object(backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
-    for b in breaks:
-        print(f"[contract] {b}")
-    static = static_section(check_classes(triage_classes(session)))
-    oracles = parse_oracles(args.oracles)
-    result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                          examples=args.examples, mutant=args.mutant, oracles=oracles)
-    for finding in result.findings:
-        print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
-    if result.minimal:
-        print(f"  replay: {result.minimal.replay}")
-    report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
-              "contract_breaks": [asdict(b) for b in breaks], **static,
-              "campaign": {**result.summary(), "oracles": [name for name in oracle_names() if oracles is None or name in oracles]}}
-    write_json_atomically(Path(args.report_dir) / "triage.json", report)
-    print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
-          f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "
-          f"report: {Path(args.report_dir) / 'triage.json'}")
-    return ExitCode.FOUND if breaks or static["static_breaks"] or result.findings else ExitCode.OK
-
-
-def cmd_csan(args) -> int:
-    semantics = _semantics(args.semantics)
-    target = load_target(args.target, mutant=args.mutant)
-    summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
-                                      mutant=args.mutant)
-    summary.update(target=args.target, mutant=args.mutant, semantics=semantics)
-    write_json_atomically(Path(args.report_dir) / "csan.json", summary)
-    print(f"{summary['cases']} cases ({summary['graph_cases']} with graph replays), judged by our tracker, the "
-          f"differential oracle and CSAN: {summary['verdicts']}; {summary['differential_findings']} differential")
-    for d in summary["disagreements"]:
-        print(f"  [{d['verdict']}] {d['explanation'] or 'UNEXPLAINED'}: {d['case']}")
-        print(f"    replay: {d['replay']}")
-    print(f"report: {Path(args.report_dir) / 'csan.json'}")
-    found = summary["differential_findings"] or any(v != "agree-clean" for v in summary["verdicts"])
-    return ExitCode.FOUND if found else ExitCode.OK

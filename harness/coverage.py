@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from harness.case import MUTATION_KINDS, Case
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
-from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
+from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
 from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
 from harness.policy import GRAPH_MAX_BS, expected_publish, graph_bucket, runs_graph
 
@@ -61,7 +61,7 @@ def gate(case: Case) -> str:
 def edge(num_tokens: int) -> str:
     """Where a token count sits: at a prefill-graph bucket (or one off it), or at the sparse threshold."""
     for offset, name in ((0, "threshold"), (1, "threshold+1"), (-1, "threshold-1")):
-        if num_tokens == _LARGE_INDEXER_QUERY_THRESHOLD + offset:
+        if num_tokens == LARGE_INDEXER_QUERY_THRESHOLD + offset:
             return name
     for offset, name in ((0, "bucket"), (1, "bucket+1"), (-1, "bucket-1")):
         if num_tokens - offset in _BUCKETS:
@@ -84,7 +84,7 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
             replayed.add(bucket)
         rows = bucket if graph else batch.num_tokens
         sparse = batch.mode is ForwardMode.EXTEND and (
-            rows > _LARGE_INDEXER_QUERY_THRESHOLD or case.flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
+            rows > LARGE_INDEXER_QUERY_THRESHOLD or case.flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
         common = {"mode": batch.mode.name, "spec": case.spec.name, "graph": phase,
                   "publish": "publish" if expected_publish(case, batch)[0] else "no publish", "gate": gate(case),
                   "attention": "sparse" if sparse else "dense", "edge": edge(batch.num_tokens),

@@ -21,6 +21,7 @@ from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.kernels import sparse_attention_for
 from harness.model.attention import sparse_attention
 from harness.strategies import cases, seed_cases
+from harness.targets.protocol import GraphReplay
 
 GRAPH_BLIND = "CSAN cannot see the kernels a CUDA-graph replay launches"
 TRITON_BLIND = "CSAN cannot see Triton launches (they bypass torch's dispatcher)"
@@ -126,7 +127,7 @@ def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: str = 
     run = result.overlapped
     hb = [str(c) for c in run.conflicts]
     differential = [f.message for f in result.findings if f.oracle == "differential"]
-    replays = sum(1 for notes in run.notes for kind, _ in notes if kind == "graph_replay")
+    replays = sum(1 for notes in run.notes for record in notes if isinstance(record, GraphReplay))
     return Opinions(case.summary(), result.replay, hb, differential, csan, replays,
                     sparse_attention_for("cuda") is not sparse_attention)
 

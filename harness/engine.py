@@ -22,7 +22,7 @@ from harness.findings import CaseResult, Finding, RunRecord
 from harness.mutator import Mutator
 from harness.oracles import Judged
 from harness.oracles import judge as judge_registered
-from harness.target import load_batch
+from harness.targets import load_batch
 from harness.world import CaseWorlds
 
 __all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "judge", "replay_command",

@@ -31,7 +31,7 @@ import torch
 from harness.case import Case
 from harness.engine import Finding, replay_command, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
-from harness.target import load_target
+from harness.targets import load_target
 
 CASE_TIMEOUT_S = 300.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine is slow

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from harness.case import MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
 from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
-from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD
+from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
 from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
 from harness.policy import GRAPH_MAX_BS, graph_bucket
 
@@ -151,7 +151,7 @@ def token_total(draw, limit: int) -> int:
         low, high = draw(st.sampled_from([d for d in _DECADES if d[0] <= limit]))
         total = draw(st.integers(low, min(high, limit)))
     else:
-        total = draw(st.sampled_from(BUCKETS + [_LARGE_INDEXER_QUERY_THRESHOLD])) + draw(st.sampled_from([-1, 0, 1]))
+        total = draw(st.sampled_from(BUCKETS + [LARGE_INDEXER_QUERY_THRESHOLD])) + draw(st.sampled_from([-1, 0, 1]))
     return max(1, min(total, limit))
 
 
@@ -187,7 +187,7 @@ def threshold_batch(draw, *, hisparse: bool) -> Batch:
     """Exactly around SGLang's sparse threshold, where the snapshot and the forward must agree."""
     # the threshold itself twice as often as a side: `>` read as `>=`, or as `> threshold - 1`, differs
     # only there
-    total = _LARGE_INDEXER_QUERY_THRESHOLD + draw(st.sampled_from([0, 0, -1, 1]))
+    total = LARGE_INDEXER_QUERY_THRESHOLD + draw(st.sampled_from([0, 0, -1, 1]))
     first = draw(st.integers(1, total - 1))
     return Batch(mode=ForwardMode.EXTEND, requests=(Request(0, first), Request(draw(st.integers(0, 8)), total - first)),
                  graph=False, mutations=draw(mutations(hisparse=hisparse)))

@@ -130,7 +130,7 @@ def _read_json(path: Path):
 
 
 def check_summary(check: _Check, data, where: str = "") -> dict:
-    """The campaign's summary (harness/campaign.py CampaignResult.summary, plus cmd_run's fields)."""
+    """The campaign's summary (harness/campaign.py CampaignResult.summary, plus the fields harness/commands/run.py adds)."""
     if not isinstance(data, dict):
         check.fail(f"{('field ' + repr(where.rstrip('.'))) if where else 'the top level'} must be an object")
     for key in ("target", "device", "semantics"):
@@ -212,7 +212,7 @@ def check_telemetry(check: _Check, telemetry: dict, where: str) -> dict:
 
 
 def check_mutants(check: _Check, data) -> list[dict]:
-    """The kill table (harness/corpus.py run_kill_table): one row per mutant."""
+    """The kill table (harness/mutants/kill_table.py run_kill_table): one row per mutant."""
     if not isinstance(data, list):
         check.fail("the top level must be a list of mutant rows")
     for prefix, row in check.items({"rows": data}, "rows"):
@@ -229,7 +229,7 @@ def check_mutants(check: _Check, data) -> list[dict]:
 
 
 def check_clean_reference(check: _Check, data) -> dict:
-    """harness/corpus.py: the clean reference through the kill table's campaign (it must find nothing)."""
+    """harness/mutants/kill_table.py: the clean reference through the kill table's campaign (it must find nothing)."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
     check.need(data, "cases", "int")
@@ -239,7 +239,7 @@ def check_clean_reference(check: _Check, data) -> dict:
 
 
 def check_triage(check: _Check, data) -> dict:
-    """harness/cli.py cmd_triage: the contract breaks on the built object, the static breaks on the
+    """harness/commands/triage.py: the contract breaks on the built object, the static breaks on the
     source, then a short campaign; `triage --static-only` writes the static part alone."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
@@ -266,7 +266,7 @@ def check_triage(check: _Check, data) -> dict:
 
 
 def check_versions(check: _Check, data) -> dict:
-    """harness/versions.py (`triage --versions`): the triage outcome per sglang version, and the first that broke."""
+    """harness/triage/versions.py (`triage --versions`): the triage outcome per sglang version, and the first that broke."""
     if not isinstance(data, dict):
         check.fail("the top level must be an object")
     check.need(data, "first_failing", "str", nullable=True)

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from harness import cli
+from harness.commands import replay as replay_command
+from harness.commands import triage as triage_command
 from harness.errors import ExitCode
 
 
@@ -84,7 +86,7 @@ def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
     def broken(args):
         raise KeyError("no_such_field")
 
-    monkeypatch.setattr(cli, "cmd_replay", broken)
+    monkeypatch.setattr(replay_command, "run", broken)
     assert cli.main(["replay", "--case", "{}"]) == ExitCode.INTERNAL == 5
     err = capsys.readouterr().err
     assert "internal error: the harness itself failed (not the system under test), exit 5: KeyError" in err
@@ -94,6 +96,6 @@ def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
 def test_triage_of_a_target_without_an_attention_backend_names_what_is_missing(monkeypatch, capsys, tmp_path):
     """Once an AttributeError traceback; triage checks the session's `model_runner.attn_backend`."""
     bare = SimpleNamespace(name="bare", open=lambda case, device: SimpleNamespace(model_runner=SimpleNamespace()))
-    monkeypatch.setattr(cli, "load_target", lambda spec, mutant=None: bare)
+    monkeypatch.setattr(triage_command, "load_target", lambda spec, mutant=None: bare)
     assert cli.main(["triage", "--device", "cpu", "--report-dir", str(tmp_path)]) == 2
     assert "its session has no model_runner.attn_backend" in capsys.readouterr().err

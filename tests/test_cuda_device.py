@@ -44,7 +44,7 @@ def test_snapshot_before_the_event_is_safe():
 def test_reference_case_runs_on_cuda_and_matches_float64():
     from harness.case import Batch, Case, Mutation, Request
     from harness.engine import run_case
-    from harness.target import ReferenceTarget
+    from harness.targets import ReferenceTarget
 
     case = Case(delay_cycles=20_000_000, batches=(Batch(requests=(Request(140, 9), Request(3, 6)),
                                                         mutations=(Mutation("swa_clear", count=4),)),))

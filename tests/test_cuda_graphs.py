@@ -55,17 +55,18 @@ def _graph_case(**kw):
 
 def test_graph_cases_replay_real_graphs_at_the_padded_bucket_and_stay_clean():
     from harness.engine import run_case
-    from harness.target import ReferenceTarget
+    from harness.targets import ReferenceTarget
+    from harness.targets.protocol import GraphReplay
 
     result = run_case(ReferenceTarget(), _graph_case(), "cuda")
-    replays = [data for notes in result.overlapped.notes for kind, data in notes if kind == "graph_replay"]
-    assert replays and all(r["bucket"] == 12 and r["tokens"] == 10 for r in replays)
+    replays = [r for notes in result.overlapped.notes for r in notes if isinstance(r, GraphReplay)]
+    assert replays and all(r.bucket == 12 and r.tokens == 10 for r in replays)
     assert not result.findings, [f.message for f in result.findings]
 
 
 def test_a_live_read_inside_a_real_graph_replay_is_caught_and_the_window_is_recorded():
     from harness.engine import run_case
-    from harness.mutants import mutant_target
+    from harness.mutants.corpus import mutant_target
 
     result = run_case(mutant_target("in_graph_live_metadata"), _graph_case(), "cuda")
     hb = [f for f in result.findings if f.oracle == "happens-before"]

@@ -28,7 +28,7 @@ MUTANT = ["run", "--device", "cpu", "--mutant", "scheduler_no_wait", "--profile"
 FIND_AND_STORE = """
 import json, sys
 from harness.campaign import run_campaign
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
 result = run_campaign(mutant_target("scheduler_no_wait"), mutant="scheduler_no_wait", profile="dev", seed=5,
                       examples=60, seeds=False, shard=Shard(1, 2), shared_databases=[sys.argv[1]])

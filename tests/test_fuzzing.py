@@ -10,12 +10,12 @@ import sys
 
 from hypothesis import HealthCheck, given, settings
 
-from harness import corpus
 from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
-from harness.mutants import mutant_target
+from harness.mutants import kill_table
+from harness.mutants.corpus import mutant_target
 from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 
 def test_a_failure_found_on_a_seed_case_is_shrunk_from_it():
@@ -47,8 +47,8 @@ def test_a_kill_table_seed_reaches_the_clean_campaign_and_every_mutant_campaign(
         seeds_given.append(kwargs["seed"])
         return run_campaign(*args, **kwargs)
 
-    monkeypatch.setattr(corpus, "run_campaign", recording)
-    clean, rows = corpus.kill_table(only="scheduler_no_wait", examples=3, seeds=False, seed=5)
+    monkeypatch.setattr(kill_table, "run_campaign", recording)
+    clean, rows = kill_table.kill_table(only="scheduler_no_wait", examples=3, seeds=False, seed=5)
     assert seeds_given == [5, 5] and clean["findings"] == 0 and rows[0]["killed"]
 
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ExitCode
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget, Target
 from reports.folder import load_folder
 
 TESTS = Path(__file__).resolve().parent
 LONG = ["run", "--device", "cpu", "--profile", "nightly", "--examples", "5000", "--progress-every", "0"]
 
 
-class _Hanging:
+class _Hanging(Target):
     """A target whose session never opens: the case in flight never ends."""
 
     name = "hanging"
@@ -128,7 +128,7 @@ def test_a_signal_while_the_workers_are_still_starting_reaches_each_once_it_hand
 
 def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_the_campaign():
     from harness.campaign import run_campaign
-    from harness.mutants import mutant_target
+    from harness.mutants.corpus import mutant_target
 
     campaign = dict(mutant="refresh_keeps_cache", examples=100, seed=3, profile="dev", seeds=False)
     found_at = run_campaign(mutant_target("refresh_keeps_cache"), shrink=False, **campaign).first_detection_examples

@@ -18,13 +18,13 @@ from harness.case import Batch, Case, Mutation, Request
 from harness.engine import replay_command, run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.isolation import IsolatedRunner, _exit_status
-from harness.mutants import mutant_target
-from harness.target import ReferenceTarget
+from harness.mutants.corpus import mutant_target
+from harness.targets import ReferenceTarget, Target
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
 
 
-class _Target:
+class _Target(Target):
     """A target whose session cannot even open: `action` kills or stalls the process first."""
 
     def __init__(self, name, action):

@@ -11,7 +11,7 @@ import pytest
 
 from harness.campaign import run_campaign
 from harness.errors import InvalidArgument
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from harness.nightly import Step, parse_skip, plan, run_steps
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from harness.hb import HappensBefore
 from harness.model.runners import ModelRunner
 from harness.observe import Observer, issuing_frame, kernel_access_kinds
 from harness.oracles.happens_before import hb_oracle
-from harness.target import Classes, ReferenceTarget
+from harness.targets import Classes, ReferenceTarget
 
 F, S = 1001, 1002  # two synthetic stream ids
 

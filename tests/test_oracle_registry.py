@@ -13,7 +13,7 @@ from harness.engine import explore, run_case
 from harness.errors import HarnessError, InvalidArgument
 from harness.findings import Finding
 from harness.oracles import oracle, oracle_names, parse_oracles, unregister
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 PLAIN = Case(batches=(Batch(requests=(Request(3, 5),)),))
 BUILT_IN = ("execution", "differential", "happens-before", "policy", "float64", "kv", "reference", "contract")

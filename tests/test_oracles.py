@@ -8,9 +8,9 @@ import torch
 from harness.case import Batch, Case, Flags, Mutation, Request
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from harness.sglang_target.differential import describe_difference
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget, Target
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
 GRAPH = Case(batches=(Batch(requests=(Request(5, 3), Request(0, 2)), graph=True,
@@ -56,14 +56,17 @@ def test_a_finding_names_the_request_row_and_values():
     assert "request 0" in finding.message and "position" in finding.message and "overlapped" in finding.message
 
 
-class ComparedWithTheModel:
+class ComparedWithTheModel(Target):
     """A target that is not the model, compared with it as the sglang target is (`reference` oracle)."""
 
     def __init__(self, inner):
-        self.inner = inner
+        self.inner, self.name = inner, inner.name
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    def open(self, case, device):
+        return self.inner.open(case, device)
 
     def reference_differences(self, case, device_name):
         from harness.sglang_target.differential import differential_details
@@ -107,7 +110,8 @@ def test_reference_oracle_reports_a_target_that_raises_while_compared():
 
 
 def test_reference_oracle_is_silent_for_the_model_itself():
-    assert not hasattr(ReferenceTarget(), "reference_differences")
+    assert ReferenceTarget().reference_differences(PLAIN, "cpu") == {}
+    assert run_case(ReferenceTarget(), PLAIN, oracles=frozenset({"reference", "contract"})).findings == []
 
 
 def test_index_rows_padded_with_skipped_columns_compare_by_their_entries():

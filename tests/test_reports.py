@@ -14,7 +14,7 @@ import pytest
 from harness.case import Batch, Case, Mutation, Request
 from harness.cli import main
 from harness.engine import run_case
-from harness.mutants import mutant_target
+from harness.mutants.corpus import mutant_target
 from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder
@@ -119,7 +119,7 @@ def full_folder(path: Path) -> Path:
 
 def test_campaign_summary_logs_every_counted_case(tmp_path):
     from harness.campaign import run_campaign
-    from harness.target import ReferenceTarget
+    from harness.targets import ReferenceTarget
 
     data = run_campaign(ReferenceTarget(), examples=2, seeds=False).summary()
     assert len(data["cases_log"]) == data["cases"] == 2
@@ -221,8 +221,8 @@ def test_telemetry_as_the_run_command_writes_it(tmp_path):
 def test_static_only_triage_and_versions_as_their_commands_write_them(tmp_path):
     from dataclasses import asdict
 
-    from harness.static_contracts import StaticBreak
-    from harness.versions import VersionResult, VersionsOutcome
+    from harness.triage.source import StaticBreak
+    from harness.triage.versions import VersionResult, VersionsOutcome
 
     broke = StaticBreak("DeepseekV4AttnBackend", "token_to_kv_pool", "init_forward_metadata", "backend.py", 88)
     triage = {"target": "sglang-0.5.23", "static_only": True, "static_missing_modules": [],

@@ -27,6 +27,7 @@ from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.strategies import cases  # noqa: E402
+from harness.targets.protocol import Forward, LazyBuild, Publish, Snapshot  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def kinds(result):
 
 
 def notes(result, kind):
-    return [data for batch in result.overlapped.notes for k, data in batch if k == kind]
+    return [r for batch in result.overlapped.notes for r in batch if isinstance(r, kind)]
 
 
 REWRITE = Mutation("req_to_token_rewrite")
@@ -84,13 +85,13 @@ def test_kernels_run_on_the_device_and_the_other_device_is_refused(target, harne
 def test_fixed_cases_run_clean_and_publish(target, name, harness_device):
     result = run_case(target, FIXED[name], harness_device, target_spec="sglang")
     assert result.findings == [], [f.message for f in result.findings]
-    published = notes(result, "publish")
+    published = notes(result, Publish)
     if name == "graph-bcg":  # the captured-metadata replay builds no snapshot: the coarse barrier
-        assert not published and notes(result, "lazy_build")
+        assert not published and notes(result, LazyBuild)
     else:
-        assert published and published[0]["stream"] == "forward"
-        snapshot, forward = notes(result, "snapshot")[0], notes(result, "forward")[0]
-        assert snapshot["sparse"] == forward["sparse"] == (name != "extend-dense")
+        assert published and published[0].stream == "forward"
+        snapshot, forward = notes(result, Snapshot)[0], notes(result, Forward)[0]
+        assert snapshot.sparse == forward.sparse == (name != "extend-dense")
 
 
 def test_eagle_resolves_pre_replay_but_never_publishes(target, harness_device):
@@ -98,7 +99,7 @@ def test_eagle_resolves_pre_replay_but_never_publishes(target, harness_device):
                 batches=(Batch(requests=(Request(10, 7),), mutations=(REWRITE,)),))
     result = run_case(target, case, harness_device, target_spec="sglang")
     assert result.findings == [], [f.message for f in result.findings]
-    assert notes(result, "snapshot") and not notes(result, "publish")  # the gate is at publish time
+    assert notes(result, Snapshot) and not notes(result, Publish)  # the gate is at publish time
 
 
 def _eager_extend(case: Case) -> Case:
@@ -121,7 +122,7 @@ def test_differential_names_the_fields_that_differ(target, harness_device):
 
     (It first found a real one: 0.5.23's eager runner runs a MIXED batch as EXTEND and publishes,
     where the reference did not; the reference now follows the real code.)"""
-    from harness.mutants import mutant_target
+    from harness.mutants.corpus import mutant_target
     from harness.sglang_target import differential_against_reference
 
     mixed = Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(2, 5), Request(9, 1))),))
@@ -246,7 +247,7 @@ def test_an_import_failure_names_sglangs_failing_line(target, monkeypatch):
 def test_interface_contract_on_the_real_backend_names_the_reading_line(target, harness_device):
     """The real DeepseekV4AttnBackend as the target builds it meets the contract; without
     `token_to_kv_pool` (the CI break after #35947) the report names the attribute and sglang's line."""
-    from harness.triage import check_object
+    from harness.triage.objects import check_object
 
     session = target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
     backend = session.model_runner.attn_backend

@@ -11,7 +11,7 @@ from test_reports import finding, mutant_row, san_result, sanitizer, summary, wr
 
 from harness.cli import main
 from harness.errors import InvalidArgument
-from harness.mutants import MUTANTS
+from harness.mutants.corpus import MUTANTS
 from harness.sharding import Shard
 from reports.folder import load_folder
 from reports.merge import merge_folders, merge_summaries

@@ -9,8 +9,8 @@ from harness.case import Batch, Case, Mutation, Request
 from harness.device import SimDevice
 from harness.engine import execute, explore, run_case
 from harness.errors import InvalidArgument
-from harness.mutants import mutant_target
-from harness.target import ReferenceTarget
+from harness.mutants.corpus import mutant_target
+from harness.targets import ReferenceTarget
 
 
 def two_stream_program(device: SimDevice, *, with_event: bool) -> torch.Tensor:

@@ -20,10 +20,10 @@ from harness.cli import main
 from harness.device import SimDevice
 from harness.model import backend as reference_backend
 from harness.model.runners import ModelRunner
-from harness.static_contracts import check_class, check_classes
-from harness.static_triage import triage_classes
-from harness.target import Classes, ReferenceTarget
-from harness.triage import check_object
+from harness.targets import Classes, ReferenceTarget
+from harness.triage.objects import check_object
+from harness.triage.source import check_class, check_classes
+from harness.triage.static import triage_classes
 
 ASSIGNMENT = "        self.token_to_kv_pool = model_runner.token_to_kv_pool\n"
 

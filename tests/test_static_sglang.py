@@ -29,8 +29,8 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: the s
 
 from harness.case import Batch, Case, Request
 from harness.device import make_device
-from harness.static_contracts import check_class, check_classes
-from harness.static_triage import triage_classes
+from harness.triage.source import check_class, check_classes
+from harness.triage.static import triage_classes
 
 ASSIGNMENT = re.compile(r"^\s*self\.token_to_kv_pool(:[^=]+)? = .*\n", re.MULTILINE)
 

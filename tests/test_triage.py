@@ -5,9 +5,9 @@ from __future__ import annotations
 from harness.case import Batch, Case, Request
 from harness.device import SimDevice
 from harness.model.backend import DeepseekV4AttnBackend
-from harness.mutants import mutant_target
-from harness.target import ReferenceTarget
-from harness.triage import check_object
+from harness.mutants.corpus import mutant_target
+from harness.targets import ReferenceTarget
+from harness.triage.objects import check_object
 
 
 def built_backend(target):

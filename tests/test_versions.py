@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import EnvironmentBroken, InvalidArgument
-from harness.versions import (
+from harness.triage.versions import (
     BACKEND,
     BACKEND_FILE,
     CRASH,

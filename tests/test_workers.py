@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness import cli
+from harness.commands import run as run_command
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sharding import Shard
 from harness.workers import cpu_cores, plan, worker_count
@@ -37,10 +37,10 @@ def test_the_default_of_one_process_needs_no_gpu_listing(monkeypatch):
     def no_listing():
         raise AssertionError("the default --workers 1 asked NVML for the GPUs")
 
-    monkeypatch.setattr(cli, "visible_gpus", no_listing)
-    assert cli.worker_plan("1", "cuda") == (False, None, 1)
-    monkeypatch.setattr(cli, "visible_gpus", lambda: ["0"])
-    assert cli.worker_plan("auto", "cuda") == (True, ["0"], 1)
+    monkeypatch.setattr(run_command, "visible_gpus", no_listing)
+    assert run_command.worker_plan("1", "cuda") == (False, None, 1)
+    monkeypatch.setattr(run_command, "visible_gpus", lambda: ["0"])
+    assert run_command.worker_plan("auto", "cuda") == (True, ["0"], 1)
 
 
 def test_each_worker_is_pinned_to_its_own_gpu_and_its_own_part_of_the_shard(tmp_path):

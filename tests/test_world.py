@@ -14,7 +14,7 @@ import torch
 from harness.case import Batch, Case, Dims, Mutation, Request
 from harness.engine import run_case
 from harness.model.attention import reference_attention
-from harness.target import ReferenceTarget, make_forward_batch
+from harness.targets.reference import ReferenceTarget, make_forward_batch
 from harness.world import CaseWorlds, PoolSizes, build_world, draw_integers, draw_uniform, kv_contents
 
 SMALL = Case(batches=(Batch(requests=(Request(20, 9), Request(3, 6)), mutations=(Mutation("swa_clear", count=2),)),

@@ -14,9 +14,10 @@ import torch
 
 from harness.model.attention import ceil_align, sparse_attention_on
 from harness.model.enums import ForwardMode, SharedReadEnds
-from harness.model.metadata import (_LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
+from harness.model.metadata import (LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
                                     SparsePrefillChunkCache)
 from harness.model.pools import ForwardBatch, staged
+from harness.probe import Forward, LazyBuild, Snapshot, SwaLocFallback
 
 I32, I64 = torch.int32, torch.int64
 PER_BATCH = ("fb.req_pool_indices", "fb.positions", "fb.seq_lens", "fb.extend_seq_lens", "fb.out_cache_loc")
@@ -83,7 +84,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
             forward_batch.forward_mode.is_extend_without_speculative()
             and not flags.cp_active
             and self.forward_metadata.late_layer_tail is None
-            and (num_qo_tokens > _LARGE_INDEXER_QUERY_THRESHOLD or flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
+            and (num_qo_tokens > LARGE_INDEXER_QUERY_THRESHOLD or flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
         )
 
     # -- PR-era snapshot -----------------------------------------------------------------------
@@ -102,7 +103,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                 and not flags.hisparse):  # backported from 0.5.23, like the offload gate
             return
         use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
-        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=use_sparse)
+        self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens, sparse=use_sparse))
         if use_sparse:
             metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
                 forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens)
@@ -116,7 +117,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
             return SharedReadEnds.UNKNOWN
         metadata = self.forward_metadata
         use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
-        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=use_sparse)
+        self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens, sparse=use_sparse))
         if use_sparse:
             metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
                 forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens)
@@ -264,7 +265,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
             self._late_refresh_swa_rows("mixed.decode_rows", fb, decode_rows)
         rows = fb.num_tokens
         sparse = self._use_sparse_prefill(fb, num_qo_tokens=rows)
-        self.probe.note("forward", rows=rows, sparse=sparse)
+        self.probe.note(Forward(rows=rows, sparse=sparse))
         for layer, ratio in enumerate(dims.layer_ratios):
             self._store_swa(fb, layer)
             if store_compressed is not None:
@@ -316,7 +317,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         if loc is not None and loc.shape[0] == fb.out_cache_loc.shape[0]:
             return loc
         f2s = self.token_to_kv_pool.full_to_swa_index_mapping
-        self.probe.note("swa_loc_fallback")
+        self.probe.note(SwaLocFallback())
         fresh = torch.empty_like(fb.out_cache_loc)
         self.device.launch("get_swa_out_cache_loc.retranslate", lambda: fresh.copy_(f2s[fb.out_cache_loc]),
                            reads={"full_to_swa": None, "fb.out_cache_loc": None}, writes={"tmp.swa_loc": None})
@@ -404,7 +405,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         if metadata.sparse_prefill_cache is None:
             metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
                 fb, core, num_qo_tokens=fb.num_tokens, label=f"layer{layer}.sparse_prefill_cache.lazy_build")
-            self.probe.note("lazy_build", layer=layer)
+            self.probe.note(LazyBuild(layer=layer))
         cache = metadata.sparse_prefill_cache
         if cache.num_qo_tokens != fb.num_tokens:
             raise RuntimeError(f"sparse prefill cache built for {cache.num_qo_tokens} query rows, "

@@ -16,10 +16,11 @@ import torch
 Launch = Callable[[Callable[[], None]], None]
 
 
-def _now(fn: Callable[[], None]) -> None:
+def launch_now(fn: Callable[[], None]) -> None:
+    """The default `launch` of `copy_` and `refresh_`: run the copy on the host, at once."""
     fn()
 
-_LARGE_INDEXER_QUERY_THRESHOLD = 11673  # sglang dsv4/metadata.py
+LARGE_INDEXER_QUERY_THRESHOLD = 11673  # sglang dsv4/metadata.py (_LARGE_INDEXER_QUERY_THRESHOLD there)
 
 # 0.5.23 DSV4AttnMetadata.copy_: copied in place, the rest reassigned.
 COPY_IN_PLACE = (
@@ -67,10 +68,10 @@ class DSV4AttnMetadata:
         if (self.page_size, self.index_topk) != (other.page_size, other.index_topk):
             raise ValueError("metadata scalars differ: page_size/index_topk must match to copy")
 
-    def copy_(self, other: "DSV4AttnMetadata", launch: Launch = _now) -> None:
+    def copy_(self, other: "DSV4AttnMetadata", launch: Launch = launch_now) -> None:
         self._move(other, COPY_IN_PLACE, COPY_REASSIGN, launch)
 
-    def refresh_for_breakable_cuda_graph_replay_(self, other: "DSV4AttnMetadata", launch: Launch = _now) -> None:
+    def refresh_for_breakable_cuda_graph_replay_(self, other: "DSV4AttnMetadata", launch: Launch = launch_now) -> None:
         self._move(other, REFRESH_IN_PLACE, REFRESH_REASSIGN, launch)
 
     def _move(self, other, in_place, reassign, launch: Launch) -> None:
@@ -113,12 +114,12 @@ class DSV4Metadata:
     late_layer_tail: None = None
     prefill_shared_reads_snapshotted: bool = False  # PR-era only
 
-    def copy_(self, other: "DSV4Metadata", launch: Launch = _now) -> None:
+    def copy_(self, other: "DSV4Metadata", launch: Launch = launch_now) -> None:
         self.core_attn_metadata.copy_(other.core_attn_metadata, launch)
         self.sparse_prefill_cache = None
         self.prefill_shared_reads_snapshotted = False
 
-    def refresh_for_breakable_cuda_graph_replay_(self, other: "DSV4Metadata", launch: Launch = _now) -> None:
+    def refresh_for_breakable_cuda_graph_replay_(self, other: "DSV4Metadata", launch: Launch = launch_now) -> None:
         self.core_attn_metadata.refresh_for_breakable_cuda_graph_replay_(other.core_attn_metadata, launch)
         self.sparse_prefill_cache = None
         self.prefill_shared_reads_snapshotted = False

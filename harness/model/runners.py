@@ -13,6 +13,7 @@ from harness.model.backend import DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import DSV4Metadata
 from harness.model.pools import ForwardBatch, staged
+from harness.probe import Dispatch, GraphReplay, MetadataReuse, Publish
 
 _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR = 2
 
@@ -34,7 +35,7 @@ def maybe_publish_prefill_shared_read_done(model_runner, shared_read_ends: Share
         return
     if model_runner.flags.offloads_kv():  # host/storage offload is ordered only behind the schedule stream
         return
-    _publish(model_runner, device)
+    record_and_publish(model_runner, device)
 
 
 def maybe_publish_prefill_shared_read_done_pr(model_runner, forward_batch: ForwardBatch, device) -> None:
@@ -50,13 +51,14 @@ def maybe_publish_prefill_shared_read_done_pr(model_runner, forward_batch: Forwa
         return
     if model_runner.flags.offloads_kv():
         return
-    _publish(model_runner, device)
+    record_and_publish(model_runner, device)
 
 
-def _publish(model_runner, device) -> None:
+def record_and_publish(model_runner, device) -> None:
+    """Record the read-done event on the current stream and put it in the runner's mailbox for the scheduler."""
     read_done = device.record_event()
     model_runner.shared_read_done_event = read_done
-    model_runner.probe.note("publish", stream=device.current_stream.name, event=read_done.id)
+    model_runner.probe.note(Publish(stream=device.current_stream.name, event=read_done.id))
 
 
 # -- runners -------------------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ class PrefillGraphRunner:
         mr = self.model_runner
         bucket = self._pad_to_bucket(fb.num_tokens)
         padded = self._pad(fb, bucket)
-        mr.probe.note("graph_replay", bucket=bucket, tokens=fb.num_tokens)
+        mr.probe.note(GraphReplay(bucket=bucket, tokens=fb.num_tokens))
         if bucket not in self.static_metadata:
             self._capture(bucket, padded)
         self._load_static_inputs(bucket, padded)
@@ -180,8 +182,8 @@ class PrefillGraphRunner:
             dst, src = static.core_attn_metadata.swa_out_cache_loc, fresh.core_attn_metadata.swa_out_cache_loc
             mr.device.launch("metadata.swa_out_cache_loc.copy_", lambda: dst.copy_(src),
                              reads={"meta.fresh": None}, writes={"meta.static": None})
-        mr.probe.note("metadata_reuse", cache_reset=static.sparse_prefill_cache is None,
-                      flag_reset=not static.prefill_shared_reads_snapshotted)
+        mr.probe.note(MetadataReuse(cache_reset=static.sparse_prefill_cache is None,
+                                    flag_reset=not static.prefill_shared_reads_snapshotted))
         backend.forward_metadata = static
 
 
@@ -235,7 +237,7 @@ class ModelRunner:
         self.draft_kv = torch.zeros(token_to_kv_pool.swa_size, dims.head_dim, device=tdev)
 
     def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
-        self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
+        self.probe.note(Dispatch(mode=fb.forward_mode.name, tokens=fb.num_tokens))
         if fb.forward_mode.is_idle():
             return {}
         if graph and self.graph_runner.can_run_graph(fb.num_tokens):

@@ -1,6 +1,6 @@
 """`contract`: for a target that is not the model, an attribute its source reads as `self.X` but never
 assigns (a break the harness's own construction of the object would hide), asked once per target through
-its `contract_breaks()` (a target without it is not asked)."""
+its `Target.contract_breaks()` (its default: none)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from harness.oracles.registry import Judged, oracle
 
 
 def _has_a_source_check(judged: Judged) -> bool:
-    return hasattr(judged.target, "contract_breaks") and judged.selects("contract")
+    return judged.target is not None and judged.selects("contract")
 
 
 @oracle("contract", "an attribute the target's source reads but never assigns", applies=_has_a_source_check)

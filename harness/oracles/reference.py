@@ -1,6 +1,6 @@
 """`reference`: for a target that is not the model (the real SGLang code), its chunk cache, publish decision,
 declarations and attention against the model's on the same case, asked through the target's
-`reference_differences(case, device_name)` (a target without it is not asked)."""
+`Target.reference_differences(case, device_name)` (its default, the model's own: no differences)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from harness.oracles.registry import Judged, oracle
 
 
 def _asks_the_model(judged: Judged) -> bool:
-    return (hasattr(judged.target, "reference_differences") and judged.barriered.crash is None
-            and judged.selects("reference"))
+    return judged.target is not None and judged.barriered.crash is None and judged.selects("reference")
 
 
 @oracle("reference", "a target that is not the model differs from the model on the same case", applies=_asks_the_model)

@@ -22,7 +22,7 @@ from harness.errors import InvalidArgument
 from harness.kernels.sparse_attention import triton_sparse_attention
 from harness.model.attention import sparse_attention
 from harness.sanitizer import planted, sglang_cases
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 
 TOOLS = ("racecheck", "synccheck", "memcheck", "initcheck")
 CLEAN = "clean"

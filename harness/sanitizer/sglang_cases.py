@@ -43,7 +43,7 @@ from harness.errors import EnvironmentBroken
 from harness.sglang_target._api import KERNELS as KERNEL_MODULE
 from harness.sglang_target._api import TRITON_KERNELS as SGLANG_KERNELS
 from harness.sglang_target._api import prepare_triton
-from harness.target import load_target
+from harness.targets import load_target
 
 # name -> (tool, finding kind, kernel, (old, new)): one textual edit of SGLang's kernel file.
 PLANTED_EDITS = {

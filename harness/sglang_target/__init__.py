@@ -23,10 +23,11 @@ from harness.sglang_target import differential
 from harness.sglang_target._api import SglangApi, load_api
 from harness.sglang_target.classes import sglang_classes
 from harness.sglang_target.session import SglangSession
-from harness.static_contracts import check_classes
+from harness.targets.protocol import Target
+from harness.triage.source import check_classes
 
 
-class SglangTarget:
+class SglangTarget(Target):
     """The installed sglang package as a target. Construction imports it and checks what it provides."""
 
     def __init__(self):

@@ -16,6 +16,7 @@ reference keeps `query_pos` as int64 and the offsets as host lists, SGLang int32
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Optional
 
 import torch
@@ -23,7 +24,8 @@ import torch
 from harness.case import Case
 from harness.device import make_device
 from harness.model.enums import ForwardMode
-from harness.target import ReferenceTarget, load_batch, load_target
+from harness.targets import ReferenceTarget, load_batch, load_target
+from harness.targets.protocol import Forward, ProbeRecord, Publish, Snapshot, first, noted
 from harness.world import PoolSizes, build_world
 
 CACHE_FIELDS = ("swa_token_ids", "swa_offsets", "swa_first_pos", "swa_gather_lens", "query_pos",
@@ -107,11 +109,9 @@ def describe_difference(x: torch.Tensor, y: torch.Tensor) -> str:
             f"{extra[first_extra:].flatten().tolist()[:16]} ({shapes})")
 
 
-def _first(notes, kind) -> Optional[dict]:
-    for k, data in notes:
-        if k == kind:
-            return data
-    return None
+def _fields(record: Optional[ProbeRecord]) -> Optional[dict]:
+    """A record's fields as the message has always shown them ({'rows': 8, 'sparse': True}), or None."""
+    return asdict(record) if record is not None else None
 
 
 def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
@@ -122,22 +122,21 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
         diffs.setdefault(name, f"batch {index}: {why}")
 
     for index, (a, b) in enumerate(zip(real, ref)):
-        pub_a = any(k == "publish" for k, _ in a["notes"])
-        pub_b = any(k == "publish" for k, _ in b["notes"])
+        pub_a, pub_b = noted(a["notes"], Publish), noted(b["notes"], Publish)
         if pub_a != pub_b:
             differ("publish", index, f"sglang {'published' if pub_a else 'did not publish'}, reference "
                                      f"{'published' if pub_b else 'did not'}")
-        snap_a, snap_b = _first(a["notes"], "snapshot"), _first(b["notes"], "snapshot")
+        snap_a, snap_b = first(a["notes"], Snapshot), first(b["notes"], Snapshot)
         if (snap_a is None) != (snap_b is None):
             differ("snapshot", index, f"snapshot built by {'sglang only' if snap_a else 'the reference only'}")
         elif snap_a is not None:
-            if snap_a["sparse"] != snap_b["sparse"]:
-                differ("snapshot_sparse", index, f"sglang sparse={snap_a['sparse']}, reference {snap_b['sparse']}")
-            if snap_a["num_qo_tokens"] != snap_b["num_qo_tokens"]:
-                differ("snapshot_num_qo_tokens", index, f"{snap_a['num_qo_tokens']} vs {snap_b['num_qo_tokens']}")
-        fwd_a, fwd_b = _first(a["notes"], "forward"), _first(b["notes"], "forward")
-        if (fwd_a is None) != (fwd_b is None) or (fwd_a and fwd_a["sparse"] != fwd_b["sparse"]):
-            differ("use_sparse_prefill", index, f"sglang {fwd_a}, reference {fwd_b}")
+            if snap_a.sparse != snap_b.sparse:
+                differ("snapshot_sparse", index, f"sglang sparse={snap_a.sparse}, reference {snap_b.sparse}")
+            if snap_a.num_qo_tokens != snap_b.num_qo_tokens:
+                differ("snapshot_num_qo_tokens", index, f"{snap_a.num_qo_tokens} vs {snap_b.num_qo_tokens}")
+        fwd_a, fwd_b = first(a["notes"], Forward), first(b["notes"], Forward)
+        if (fwd_a is None) != (fwd_b is None) or (fwd_a and fwd_a.sparse != fwd_b.sparse):
+            differ("use_sparse_prefill", index, f"sglang {_fields(fwd_a)}, reference {_fields(fwd_b)}")
         ca, cb = a["cache"], b["cache"]
         if (ca is None) != (cb is None):
             differ("chunk_cache", index, f"built by {'sglang only' if ca is not None else 'the reference only'}")

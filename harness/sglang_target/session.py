@@ -76,10 +76,11 @@ from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
+from harness.probe import Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, Publish, Snapshot, SwaLocFallback
 from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, published_namespaces,
                                             register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
-from harness.target import Classes, ReferenceSession
+from harness.targets import Classes, ReferenceSession
 
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
 
@@ -124,7 +125,7 @@ class PoolShim:
         """A read of the live mapping, launched; int32 so that the caller's `.to(torch.int32)` keeps this tensor."""
         f2s = self.pool.full_to_swa_index_mapping
         fresh = torch.empty(loc.shape, dtype=torch.int32, device=loc.device)
-        self.probe.note("swa_loc_fallback")
+        self.probe.note(SwaLocFallback())
         self.device.launch("get_swa_out_cache_loc.retranslate", lambda: fresh.copy_(f2s[loc]),
                            reads={"full_to_swa": None, "fb.out_cache_loc": None}, writes={"tmp.swa_loc": None})
         return fresh
@@ -251,12 +252,12 @@ class SglangSession(ReferenceSession):
             stream, recorded = getattr(event, "stream", None), getattr(event, "recorded", None)
         else:
             recorded, stream = self.bridge.where_recorded(event) or (None, None)
-        self.probe.note("publish", stream=stream.name if stream is not None else f"none ({type(event).__name__})",
-                        event=recorded.id if recorded is not None else None)
+        self.probe.note(Publish(stream=stream.name if stream is not None else f"none ({type(event).__name__})",
+                                event=recorded.id if recorded is not None else None))
 
     def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
         mr, dev = self.model_runner, self.device
-        self.probe.note("batch", mode=fb.forward_mode.name, tokens=fb.num_tokens)
+        self.probe.note(Dispatch(mode=fb.forward_mode.name, tokens=fb.num_tokens))
         with dev.stream(dev.forward_stream):
             out = mr.forward(fb, graph=graph)
             self._note_publication()
@@ -357,7 +358,7 @@ class SglangModelRunner:
             snapshotted = (ends is api.mods["base_backend"].SharedReadEnds.PRE_REPLAY if api.semantics == "0.5.23"
                            else getattr(backend.forward_metadata, "prefill_shared_reads_snapshotted", False))
             if snapshotted:
-                self.probe.note("snapshot", num_qo_tokens=kwargs["num_qo_tokens"], sparse=self.builds_issued > issued)
+                self.probe.note(Snapshot(num_qo_tokens=kwargs["num_qo_tokens"], sparse=self.builds_issued > issued))
             return ends
 
         setattr(backend, resolve_name, resolve_observed)
@@ -490,8 +491,8 @@ class SglangModelRunner:
         self.attn_backend.forward_metadata = capture_metadata
 
     def _note_reuse(self, metadata) -> None:
-        self.probe.note("metadata_reuse", cache_reset=metadata.sparse_prefill_cache is None,
-                        flag_reset=not getattr(metadata, "prefill_shared_reads_snapshotted", False))
+        self.probe.note(MetadataReuse(cache_reset=metadata.sparse_prefill_cache is None,
+                                      flag_reset=not getattr(metadata, "prefill_shared_reads_snapshotted", False)))
 
     def _deferred_chunk_cache(self, forward_batch, core_attn_metadata, *, num_qo_tokens: int):
         """The real `_build_sparse_prefill_chunk_cache`, run inside a launched closure; returns its holder."""
@@ -528,7 +529,7 @@ class SglangModelRunner:
         if api.mods["cp_utils"].is_cp_active(view):  # CP shards the query layout inside the forward
             harness._late_refresh_swa_rows("cp.shard_metadata", fb, range(rows))
         sparse = backend._use_sparse_prefill(view, num_qo_tokens=rows)
-        self.probe.note("forward", rows=rows, sparse=sparse)
+        self.probe.note(Forward(rows=rows, sparse=sparse))
         for layer, ratio in enumerate(self.case.dims.layer_ratios):
             self._store_swa(fb, view, layer)
             if store_compressed is not None:
@@ -566,7 +567,7 @@ class SglangModelRunner:
             self._build_label = f"layer{layer}.sparse_prefill_cache.lazy_build"
             metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
                 view, core, num_qo_tokens=rows)
-            self.probe.note("lazy_build", layer=layer)
+            self.probe.note(LazyBuild(layer=layer))
         holder = metadata.sparse_prefill_cache
         if holder.num_qo_tokens != rows:
             raise RuntimeError(f"sparse prefill cache built for {holder.num_qo_tokens} query rows, "
@@ -761,7 +762,7 @@ class SglangPrefillGraphRunner:
                                      input_ids=static_forward_batch.input_ids)
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
-        mr.probe.note("graph_replay", bucket=bucket, tokens=mr.live_batch.num_tokens)
+        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
         mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
         return real_prepare(forward_batch, static_forward_batch, shape_key)
 
@@ -805,7 +806,7 @@ class SglangPrefillGraphRunner:
         mr = self.mr
         bucket = self._bucket(fb.num_tokens)
         padded = pad_forward_batch(fb, bucket)
-        mr.probe.note("graph_replay", bucket=bucket, tokens=fb.num_tokens)
+        mr.probe.note(GraphReplay(bucket=bucket, tokens=fb.num_tokens))
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
         static = self.graphs.metadata[bucket]

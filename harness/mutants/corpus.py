@@ -15,11 +15,13 @@ from harness.errors import InvalidArgument
 from harness.model import runners
 from harness.model.backend import AttentionBackend, DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
-from harness.model.metadata import _LARGE_INDEXER_QUERY_THRESHOLD, COPY_IN_PLACE, DSV4AttnMetadata, DSV4Metadata, _now
+from harness.model.metadata import (COPY_IN_PLACE, LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
+                                    launch_now)
 from harness.model.pools import staged
 from harness.model.runners import ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
-from harness.target import Classes, ReferenceTarget
+from harness.probe import Snapshot
+from harness.targets import Classes, ReferenceTarget
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,8 @@ def _snapshot_skipped() -> Classes:
     def _snapshot_prefill_shared_reads(self, forward_batch, *, num_qo_tokens):
         if self.model_runner.flags.cp_active or self.model_runner.flags.hisparse:
             return SharedReadEnds.UNKNOWN
-        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens,
-                        sparse=self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens))
+        self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens,
+                                 sparse=self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)))
         return SharedReadEnds.PRE_REPLAY
 
     def prepare_prefill_shared_read_snapshot(self, forward_batch, *, num_qo_tokens):
@@ -81,7 +83,7 @@ def _snapshot_skipped() -> Classes:
 def _event_before_snapshot() -> Classes:
     def _build_sparse_prefill_chunk_cache(self, forward_batch, core, *, num_qo_tokens, label="sparse_prefill_cache.build"):
         if label == "sparse_prefill_cache.build":
-            runners._publish(self.model_runner, self.device)
+            runners.record_and_publish(self.model_runner, self.device)
             self.model_runner.early_event = True
         return DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache(
             self, forward_batch, core, num_qo_tokens=num_qo_tokens, label=label)
@@ -106,12 +108,12 @@ def _event_before_snapshot() -> Classes:
 def _eagle_publishes() -> Classes:
     def publish(model_runner, ends, device):
         if ends is SharedReadEnds.PRE_REPLAY and not model_runner.flags.offloads_kv():
-            runners._publish(model_runner, device)
+            runners.record_and_publish(model_runner, device)
 
     def publish_pr(model_runner, fb, device):
         if (model_runner.flags.prefill_read_done_enabled("pr") and fb.forward_mode is ForwardMode.EXTEND
                 and model_runner.attn_backend.shared_read_ends(fb.forward_mode) is SharedReadEnds.PRE_REPLAY):
-            runners._publish(model_runner, device)
+            runners.record_and_publish(model_runner, device)
 
     def prepare_prefill_shared_read_snapshot(self, forward_batch, *, num_qo_tokens):
         spec = self.model_runner.spec_algorithm
@@ -157,19 +159,15 @@ def _snapshot_is_view() -> Classes:
 @mutant("pr_flag_before_build", "PR-era: prefill_shared_reads_snapshotted is set before the build, so a failing "
         "build leaves it set", "#35947 test_sparse_prefill_snapshot_marks_success_only_after_build", "contract")
 def _pr_flag_before_build() -> Classes:
+    """The reference's snapshot, with the flag left set when the build raises: what setting it before the
+    build does, and all it changes (a build that succeeds sets it anyway). The build itself cannot be the
+    override: the contract probe replaces `_build_sparse_prefill_chunk_cache` on the instance."""
     def prepare_prefill_shared_read_snapshot(self, forward_batch, *, num_qo_tokens):
-        metadata, flags = self.forward_metadata, self.model_runner.flags
-        metadata.prefill_shared_reads_snapshotted = False
-        if not (flags.prefill_read_done_enabled("pr") and forward_batch.forward_mode is ForwardMode.EXTEND
-                and self.model_runner.spec_algorithm.is_dflash_family() and not flags.cp_active
-                and not flags.hisparse):
-            return
-        metadata.prefill_shared_reads_snapshotted = True  # the bug: marked before the build
-        use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
-        self.probe.note("snapshot", num_qo_tokens=num_qo_tokens, sparse=use_sparse)
-        if use_sparse:
-            metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(
-                forward_batch, metadata.core_attn_metadata, num_qo_tokens=num_qo_tokens)
+        try:
+            DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot(self, forward_batch, num_qo_tokens=num_qo_tokens)
+        except Exception:
+            self.forward_metadata.prefill_shared_reads_snapshotted = True  # the bug: marked before the build
+            raise
 
     return _backend(prepare_prefill_shared_read_snapshot=prepare_prefill_shared_read_snapshot)
 
@@ -178,7 +176,7 @@ def _pr_flag_before_build() -> Classes:
         "#35947 copy_", "policy")
 def _copy_keeps_cache() -> Classes:
     class Metadata(DSV4Metadata):
-        def copy_(self, other, launch=_now):
+        def copy_(self, other, launch=launch_now):
             self.core_attn_metadata.copy_(other.core_attn_metadata, launch)
 
     return _backend(metadata_cls=Metadata)
@@ -188,7 +186,7 @@ def _copy_keeps_cache() -> Classes:
         "#35947 refresh", "policy")
 def _refresh_keeps_cache() -> Classes:
     class Metadata(DSV4Metadata):
-        def refresh_for_breakable_cuda_graph_replay_(self, other, launch=_now):
+        def refresh_for_breakable_cuda_graph_replay_(self, other, launch=launch_now):
             self.core_attn_metadata.refresh_for_breakable_cuda_graph_replay_(other.core_attn_metadata, launch)
 
     return _backend(metadata_cls=Metadata)
@@ -277,7 +275,7 @@ def _threshold_off_by_one() -> Classes:
             self._in_forward = False
 
     def _use_sparse_prefill(self, forward_batch, *, num_qo_tokens):
-        bump = 1 if getattr(self, "_in_forward", False) and num_qo_tokens == _LARGE_INDEXER_QUERY_THRESHOLD else 0
+        bump = 1 if getattr(self, "_in_forward", False) and num_qo_tokens == LARGE_INDEXER_QUERY_THRESHOLD else 0
         return DeepseekV4AttnBackend._use_sparse_prefill(self, forward_batch, num_qo_tokens=num_qo_tokens + bump)
 
     return _backend(forward_layers=forward_layers, _use_sparse_prefill=_use_sparse_prefill)
@@ -300,7 +298,7 @@ def _copy_reassigns_captured() -> Classes:
     moved = ("c4_out_loc", "c128_out_loc")
 
     class Core(DSV4AttnMetadata):
-        def copy_(self, other, launch=_now):
+        def copy_(self, other, launch=launch_now):
             self._move(other, tuple(n for n in COPY_IN_PLACE if n not in moved), ("swa_out_cache_loc", *moved), launch)
 
     def build_core_metadata(self, fb):
@@ -355,14 +353,14 @@ def _in_graph_live_metadata() -> Classes:
 @mutant("event_on_wrong_stream", "the read-done event is recorded on the schedule stream, not the forward stream",
         "#29541 ordering chain", "happens-before")
 def _event_on_wrong_stream() -> Classes:
-    def _publish(model_runner, device):
+    def on_schedule_stream(model_runner, device):
         with device.stream(device.schedule_stream):
-            runners._publish(model_runner, device)
+            runners.record_and_publish(model_runner, device)
 
     def publish(model_runner, ends, device):
         if (ends is SharedReadEnds.PRE_REPLAY and model_runner.spec_algorithm.supports_prefill_shared_read_done()
                 and not model_runner.flags.offloads_kv()):
-            _publish(model_runner, device)
+            on_schedule_stream(model_runner, device)
 
     def publish_pr(model_runner, fb, device):
         before = model_runner.shared_read_done_event
@@ -371,7 +369,7 @@ def _event_on_wrong_stream() -> Classes:
         if model_runner.shared_read_done_event is None:
             model_runner.shared_read_done_event = before
         else:
-            _publish(model_runner, device)
+            on_schedule_stream(model_runner, device)
 
     return _runner(publish=staticmethod(publish), publish_pr=staticmethod(publish_pr))
 
@@ -393,7 +391,7 @@ def _stale_event() -> Classes:
 def _offload_gate_missing() -> Classes:
     def publish(model_runner, ends, device):
         if ends is SharedReadEnds.PRE_REPLAY and model_runner.spec_algorithm.supports_prefill_shared_read_done():
-            runners._publish(model_runner, device)
+            runners.record_and_publish(model_runner, device)
 
     def publish_pr(model_runner, fb, device):
         flags = model_runner.flags

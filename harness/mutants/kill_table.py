@@ -10,11 +10,11 @@ import tempfile
 from pathlib import Path
 
 from harness.campaign import run_campaign
-from harness.contracts import run_probes
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
-from harness.mutants import MUTANTS, mutant_target
+from harness.mutants.contract_probes import run_probes
+from harness.mutants.corpus import MUTANTS, mutant_target
 from harness.sharding import WHOLE, Shard
-from harness.target import ReferenceTarget
+from harness.targets import ReferenceTarget
 from reports import junit
 from reports.cli import render_folder
 from reports.writers import replace_report, write_json_atomically

@@ -72,7 +72,7 @@ def check_object(obj, entry_points: Iterable[str] = ENTRY_POINTS) -> list[Break]
         reads, calls, file = _self_reads(func)
         for attr, line in reads:
             if not _has(obj, attr) and not any(b.attribute == attr for b in breaks):
-                breaks.append(Break(cls.__name__, attr, path, _short(file), line))
+                breaks.append(Break(cls.__name__, attr, path, short_path(file), line))
         queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
     return breaks
 
@@ -85,7 +85,7 @@ def _has(obj, attr: str) -> bool:
         return hasattr(type(obj), attr)
 
 
-def _short(file: str) -> str:
+def short_path(file: str) -> str:
     for root in ("site-packages/", "/harness/"):
         if root in file:
             return file.split(root, 1)[1] if root == "site-packages/" else "harness/" + file.split(root, 1)[1]

@@ -1,59 +1,19 @@
-"""The protocol every system under test implements, and the in-repo reference behind it.
-
-A target opens one session per case run. The session owns the pools and the worker; the harness
-loads each batch into it, lets it run one overlap-loop iteration, and reads back what it produced.
-Point the harness at your own build with ``--target module:factory`` where ``factory()`` returns an
-object with ``name``, ``semantics_supported`` and ``open(case, device)``.
-"""
+"""`--target reference`: the in-repo model of the DSV4 prefill path behind the protocol
+(`harness.targets.protocol`), and its replaceable parts (`Classes`), which a seeded bug swaps."""
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from dataclasses import dataclass
 
 import torch
 
 from harness.case import Case
-from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.model.pools import DSV4TokenToKVPool, ForwardBatch, ReqToTokenPool
 from harness.model.runners import ModelRunner
 from harness.model.scheduler import Scheduler
+from harness.probe import Probe
+from harness.targets.protocol import Target
 from harness.world import BatchWorld, PoolSizes, kv_contents
-
-
-@dataclass
-class Probe:
-    """What the system under test reports about its own decisions, read by the policy oracle."""
-
-    notes: list[tuple[str, dict]] = field(default_factory=list)
-
-    def note(self, kind: str, **data) -> None:
-        self.notes.append((kind, data))
-
-    def take(self) -> list[tuple[str, dict]]:
-        notes, self.notes = self.notes, []
-        return notes
-
-
-class Session(Protocol):
-    probe: Probe
-    req_to_token: torch.Tensor
-    full_to_swa: torch.Tensor
-    full_to_hisparse: torch.Tensor
-
-    def load(self, world: BatchWorld) -> ForwardBatch: ...
-
-    def step(self, fb: ForwardBatch, *, graph: bool, process_batch_result: Callable[[], None],
-             after_launch: Callable[[], None]) -> dict[str, torch.Tensor]: ...
-
-    def kv_state(self) -> dict[str, torch.Tensor]: ...
-
-
-class Target(Protocol):
-    name: str
-
-    def open(self, case: Case, device) -> Session: ...
 
 
 @dataclass
@@ -123,14 +83,6 @@ class ReferenceSession:
         return {"swa_kv": pool.swa_kv, "extra_kv": pool.extra_kv, "indexer_k": pool.indexer_k}
 
 
-def load_batch(session: Session, device, world: BatchWorld) -> ForwardBatch:
-    """A batch's inputs loaded on the forward stream, so they are ordered before the forward reads them:
-    on torch's default stream they would not be (PyTorch's streams do not wait for it; under racecheck's
-    slowness SGLang's kernel once read the tables before the load had written them)."""
-    with device.stream(device.forward_stream):
-        return session.load(world)
-
-
 def make_forward_batch(world: BatchWorld, case: Case, tdev) -> ForwardBatch:
     batch, dims = world.batch, world.dims
     reqs = batch.requests
@@ -180,8 +132,10 @@ def _prefix_sums(values):
         yield total
 
 
-class ReferenceTarget:
+class ReferenceTarget(Target):
     """The in-repo model; `classes` swaps in a seeded bug."""
+
+    semantics_supported = ("0.5.23", "pr")
 
     def __init__(self, classes: Classes | None = None, name: str = "reference"):
         self.classes = classes or Classes()
@@ -189,38 +143,3 @@ class ReferenceTarget:
 
     def open(self, case: Case, device) -> ReferenceSession:
         return ReferenceSession(case, device, self.classes)
-
-
-# The built-in `--target` names, as `module:factory` strings resolved like any other: the target module
-# never imports the targets built on it (the sglang target, the seeded bugs), so they sit above it.
-BUILTIN_TARGETS = {"reference": "harness.target:ReferenceTarget", "sglang": "harness.sglang_target:make_target"}
-MUTANT_FACTORY = "harness.mutants:mutant_target"  # --mutant NAME: the reference with one seeded bug
-
-
-def _resolve(spec: str, shown: str) -> Callable:
-    """The callable a `module:factory` string names; `shown` is the --target value in the messages."""
-    module_name, sep, factory_name = spec.partition(":")
-    if not sep or not module_name or not factory_name:
-        raise InvalidArgument(f"--target={shown!r} is not one of: {', '.join(BUILTIN_TARGETS)}, MODULE:FACTORY")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EnvironmentBroken(f"--target {shown}: cannot import {module_name!r} ({exc})") from None
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise InvalidArgument(f"--target {shown}: {module_name!r} has no callable {factory_name!r}")
-    return factory
-
-
-def load_target(spec: str, *, mutant: str | None = None) -> Target:
-    """`reference`, `sglang` (the names of BUILTIN_TARGETS), or `module:factory`."""
-    if mutant is not None:
-        if spec != "reference":
-            raise InvalidArgument(f"--mutant applies to --target reference only, not {spec!r}")
-        return _resolve(MUTANT_FACTORY, spec)(mutant)
-    if spec in BUILTIN_TARGETS:
-        return _resolve(BUILTIN_TARGETS[spec], spec)()
-    target = _resolve(spec, spec)()
-    if not callable(getattr(target, "open", None)):
-        raise InvalidArgument(f"--target {spec}: the factory's result has no open(case, device) method")
-    return target

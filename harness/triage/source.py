@@ -1,6 +1,6 @@
 """Static interface contracts: attributes a class reads as `self.X` but never assigns, found on the source.
 
-The source-side half of triage (`harness.triage.check_object` checks an object as built). For a class, the
+The source-side half of triage (`harness.triage.objects.check_object` checks an object as built). For a class, the
 methods its MRO resolves (and what they reach through `super()` or `Base.method(self, ...)`) are read from
 the source; every `self.X` they load must be created somewhere in the class or a base: `self.X = ...`
 (annotated, augmented, unpacked, `for self.X in`, `with ... as self.X`), `setattr` or `__dict__[...]` with
@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.triage import _short
+from harness.triage.objects import short_path
 
 
 @dataclass(frozen=True)
@@ -488,7 +488,7 @@ def check_class(cls: type, packages: Iterable[str] | None = None) -> StaticRepor
         file = index.methods[(klass, name)][0].file
         for f in per_def:
             assigned |= f.assigned
-            report.open += [OpenClass(cls.__name__, f"{klass.__qualname__}.{name}: {reason}", _short(file), line)
+            report.open += [OpenClass(cls.__name__, f"{klass.__qualname__}.{name}: {reason}", short_path(file), line)
                             for reason, line in f.open_reasons]
     if report.open:
         return report
@@ -497,7 +497,7 @@ def check_class(cls: type, packages: Iterable[str] | None = None) -> StaticRepor
     for klass, name in _reached(cls, index, facts):
         if not _in_packages(klass, packages):
             continue
-        file = _short(index.methods[(klass, name)][0].file)
+        file = short_path(index.methods[(klass, name)][0].file)
         for f in facts[(klass, name)]:
             for attr, line in sorted(f.reads, key=lambda r: r[1]):
                 if attr in assigned or attr in f.guarded or attr in seen:
@@ -589,7 +589,7 @@ def _class_level_names(stmt) -> list[str]:
 
 def _where(obj) -> tuple[str, int]:
     try:
-        return _short(inspect.getsourcefile(obj) or "?"), inspect.getsourcelines(obj)[1]
+        return short_path(inspect.getsourcefile(obj) or "?"), inspect.getsourcelines(obj)[1]
     except (OSError, TypeError):
         return "?", 0
 

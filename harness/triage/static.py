@@ -11,8 +11,8 @@ from harness.case import Batch, Case, Request
 from harness.device import SimDevice
 from harness.errors import ExitCode
 from harness.sglang_target.classes import sglang_classes
-from harness.static_contracts import check_classes, module_classes, static_section
-from harness.target import load_target
+from harness.targets import load_target
+from harness.triage.source import check_classes, module_classes, static_section
 from reports.writers import write_json_atomically
 
 

@@ -1,0 +1,37 @@
+"""`python -m harness csan`: PyTorch's CUDA stream sanitizer (CSAN) as a second opinion on a campaign (CUDA only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.commands.options import check_semantics
+from harness.csan import second_opinion_campaign
+from harness.errors import ExitCode
+from harness.targets import load_target
+from reports.writers import write_json_atomically
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
+    parser.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
+    parser.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
+    parser.add_argument("--examples", type=int, default=100, help="cases")
+    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
+
+
+def run(args) -> int:
+    semantics = check_semantics(args.semantics)
+    target = load_target(args.target, mutant=args.mutant)
+    summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
+                                      mutant=args.mutant)
+    summary.update(target=args.target, mutant=args.mutant, semantics=semantics)
+    write_json_atomically(Path(args.report_dir) / "csan.json", summary)
+    print(f"{summary['cases']} cases ({summary['graph_cases']} with graph replays), judged by our tracker, the "
+          f"differential oracle and CSAN: {summary['verdicts']}; {summary['differential_findings']} differential")
+    for d in summary["disagreements"]:
+        print(f"  [{d['verdict']}] {d['explanation'] or 'UNEXPLAINED'}: {d['case']}")
+        print(f"    replay: {d['replay']}")
+    print(f"report: {Path(args.report_dir) / 'csan.json'}")
+    found = summary["differential_findings"] or any(v != "agree-clean" for v in summary["verdicts"])
+    return ExitCode.FOUND if found else ExitCode.OK

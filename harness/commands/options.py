@@ -1,0 +1,50 @@
+"""What the subcommands share: the parser class (usage errors exit 2), the options every case-running
+subcommand takes, and the validators of values more than one subcommand reads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.case import SEMANTICS, Case
+from harness.errors import ExitCode, InvalidArgument
+from harness.oracles import oracle_names
+
+
+class HarnessParser(argparse.ArgumentParser):
+    """Usage errors exit 2, as ours do; every option's help ends with its default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(ExitCode.USAGE)
+
+
+def add_common_options(p) -> None:
+    """--target, --device, --mutant and --oracles: the options of every subcommand that judges cases."""
+    p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
+    p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
+    p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
+    p.add_argument("--oracles", default=None,
+                   help=f"comma-separated subset of: {', '.join(oracle_names())} (none given: all)")
+
+
+def check_semantics(value: str) -> str:
+    if value not in SEMANTICS:
+        raise InvalidArgument(f"--semantics={value!r} is not one of: {', '.join(SEMANTICS)}")
+    return value
+
+
+def read_case(text: str) -> Case:
+    """`--case`: the case as JSON, or @FILE."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        if not path.is_file():
+            raise InvalidArgument(f"--case {text}: no such file")
+        text = path.read_text()
+    return Case.from_json(text)

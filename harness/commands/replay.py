@@ -1,0 +1,33 @@
+"""`python -m harness replay`: one case, exactly as a finding's replay command gives it, with its executed order."""
+
+from __future__ import annotations
+
+from harness.commands.options import add_common_options, read_case
+from harness.device import resolve_device
+from harness.engine import run_case
+from harness.errors import ExitCode
+from harness.oracles import parse_oracles
+from harness.targets import load_target
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("replay", help="replay one finding exactly")
+    add_common_options(parser)
+    parser.add_argument("--case", required=True, help="the case as JSON, or @FILE")
+    parser.add_argument("--schedule", default="adversarial", help="adversarial | random:SEED | forced:CHOICES")
+
+
+def run(args) -> int:
+    case = read_case(args.case)
+    device = resolve_device(args.device)
+    target = load_target(args.target, mutant=args.mutant)
+    result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant,
+                      oracles=parse_oracles(args.oracles))
+    print(f"case: {case.summary()}")
+    print(f"schedule: {args.schedule}; executed order: forced:{result.overlapped.schedule}")
+    for line in result.overlapped.trace:
+        print(f"    {line}")
+    for finding in result.findings:
+        print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
+    print(f"{len(result.findings)} finding(s)")
+    return ExitCode.FOUND if result.findings else ExitCode.OK

@@ -1,0 +1,75 @@
+"""`python -m harness triage`: the interface checks on the built backend and on its source, then a short
+campaign, into triage.json; `--static-only` and `--versions` hand over to `harness.triage`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.campaign import run_campaign
+from harness.case import Batch, Case, Request
+from harness.commands.options import add_common_options, check_semantics
+from harness.device import make_device, resolve_device
+from harness.errors import ExitCode, InvalidArgument
+from harness.oracles import oracle_names, parse_oracles
+from harness.targets import load_target
+from harness.triage.objects import ENTRY_POINTS, check_object
+from harness.triage.source import check_classes, static_section
+from harness.triage.static import static_triage, triage_classes
+from harness.triage.versions import triage_versions
+from reports.writers import write_json_atomically
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("triage", help="interface contracts on the built backend, then a short campaign")
+    add_common_options(parser)
+    parser.add_argument("--examples", type=int, default=50, help="cases of the short campaign")
+    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23 | auto (what the target implements)")
+    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
+    parser.add_argument("--versions", default=None,
+                        help="comma-separated sglang versions from PyPI: triage each in its own environment and "
+                             "report the first failing one")
+    parser.add_argument("--cache-dir", default=None, help="with --versions: wheels and environments "
+                                                          "(none given: REPORT_DIR/envs)")
+    parser.add_argument("--bisect", action="store_true",
+                        help="with --versions: run as few versions as a binary search needs")
+    parser.add_argument("--missing-backend-fails", action="store_true",
+                        help="with --versions: a version without the DSV4 backend module counts as failing")
+    parser.add_argument("--static-only", action="store_true",
+                        help="only the check on the source (no built object, no campaign); with --target sglang it "
+                             "also runs on versions the target cannot drive")
+
+
+def run(args) -> int:
+    if args.versions is not None:
+        return triage_versions(args)
+    if args.static_only:
+        return static_triage(args)
+    device = resolve_device(args.device)
+    target = load_target(args.target, mutant=args.mutant)
+    semantics = (target.semantics_supported[0] if args.semantics == "auto"
+                 else check_semantics(args.semantics))
+    session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
+    backend = getattr(getattr(session, "model_runner", None), "attn_backend", None)
+    if backend is None:
+        raise InvalidArgument(f"triage --target {args.target}: its session has no model_runner.attn_backend, the "
+                              f"object triage checks; give a target whose session exposes its attention backend")
+    breaks = check_object(backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
+    for b in breaks:
+        print(f"[contract] {b}")
+    static = static_section(check_classes(triage_classes(session)))
+    oracles = parse_oracles(args.oracles)
+    result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
+                          examples=args.examples, mutant=args.mutant, oracles=oracles)
+    for finding in result.findings:
+        print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
+    if result.minimal:
+        print(f"  replay: {result.minimal.replay}")
+    report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
+              "contract_breaks": [asdict(b) for b in breaks], **static,
+              "campaign": {**result.summary(), "oracles": [name for name in oracle_names() if oracles is None or name in oracles]}}
+    write_json_atomically(Path(args.report_dir) / "triage.json", report)
+    print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
+          f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "
+          f"report: {Path(args.report_dir) / 'triage.json'}")
+    return ExitCode.FOUND if breaks or static["static_breaks"] or result.findings else ExitCode.OK
