@@ -13,6 +13,7 @@ import torch
 from harness.case import Case
 from harness.hb import Conflict
 from harness.observe import UndeclaredAccess
+from harness.probe import ProbeRecord
 from harness.world import BatchWorld
 
 
@@ -37,7 +38,7 @@ class RunRecord:
     """What one execution of a case produced, batch by batch; the outputs on the device it ran on."""
 
     outputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    notes: list[list[tuple[str, dict]]] = field(default_factory=list)
+    notes: list[list[ProbeRecord]] = field(default_factory=list)  # per batch, what the target noted
     applied: list[list[str]] = field(default_factory=list)
     worlds: list[BatchWorld] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from harness.hb import CapturedGraph, GraphNode, HappensBefore, LaunchRecord, Region
 from harness.observe import Observer
@@ -59,6 +59,7 @@ class Device:
 
     kind = "abstract"
     capture_runs_closures = False  # a real capture runs each closure once, recording its kernels
+    decisions: Sequence = ()  # the simulator's choices of which stream runs next; a real device makes none
 
     def __init__(self, observe: bool = False) -> None:
         self.tracker = HappensBefore()
@@ -72,6 +73,11 @@ class Device:
         self.race_delay = 0  # cycles the forward stream sleeps right after recording an event
         self._recorded_at: Optional[float] = None
         self.issue_gaps: list[float] = []  # host seconds from a forward-stream event to the next scheduler launch
+
+    def forced_string(self) -> Optional[str]:
+        """The order this run's streams ran in, replayable as ``--schedule forced:<this>``; None where
+        the device does not choose the order (CUDA runs what it is given as the hardware schedules it)."""
+        return None
 
     # -- streams and events ------------------------------------------------------------------
 

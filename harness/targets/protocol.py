@@ -39,7 +39,9 @@ class Session(Protocol):
 
     def load(self, world: BatchWorld) -> ForwardBatch:
         """Write the scheduler's allocation for this batch (tables, KV stores, sink) in place, on the current
-        stream, and return the batch to run. Graphs keep the pool tensors: never reallocate them."""
+        stream, and return the batch to run. Graphs keep the pool tensors: never reallocate them. The
+        world's data is already on the case's device and serves both runs of the case: copy what you
+        load, never write into it."""
 
     def step(self, fb: ForwardBatch, *, graph: bool, process_batch_result: Callable[[], None],
              after_launch: Callable[[], None]) -> dict[str, torch.Tensor]:
