@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.case import Batch, Case, Flags, Request
+from harness.case import Batch, Case, Dims, Flags, Request
 from harness.device import make_device
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
+from harness.mutants.contract_probes import flag_set_only_after_successful_build
 from harness.mutants.corpus import mutant_target
+from harness.oracles.float64 import float64_oracle
+from harness.policy import graph_bucket
 from harness.targets import ReferenceTarget
 from harness.targets.protocol import Publish, Snapshot, first, noted
 from harness.world import PoolSizes, build_world
@@ -41,8 +44,6 @@ def pr_case(spec=S.DFLASH, **batch):
 
 
 def big_case(semantics: str, tokens: int) -> Case:
-    from harness.case import Dims
-
     flags = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
     dims = Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,))
     return Case(semantics=semantics, spec=S.DFLASH, flags=flags, dims=dims,
@@ -205,8 +206,6 @@ def test_padded_rows_are_empty_and_point_at_the_dummy_slot():
 
 
 def test_graph_refuses_beyond_twice_the_padding():
-    from harness.policy import graph_bucket
-
     assert graph_bucket(9) == 12 and graph_bucket(33) == 48 and graph_bucket(2049) is None
     assert graph_bucket(17) == 20
 
@@ -252,15 +251,11 @@ def test_each_contract_fires_on_its_bug(name, case, kind):
 
 
 def test_flag_probe_passes_on_the_clean_reference_and_fires_on_the_pr_era_bug():
-    from harness.mutants.contract_probes import flag_set_only_after_successful_build
-
     assert flag_set_only_after_successful_build(ReferenceTarget()) is None
     assert "PRE_REPLAY" in flag_set_only_after_successful_build(mutant_target("pr_flag_before_build"))
 
 
 def test_float64_oracle_matches_on_clean_and_fires_on_wrong_attention():
-    from harness.oracles.float64 import float64_oracle
-
     case = Case(batches=(Batch(requests=(Request(140, 9), Request(3, 6))),))
     result = run_case(ReferenceTarget(), case, DEVICE)
     assert not result.findings

@@ -20,6 +20,7 @@ other kind of device is refused with the setting that would fix it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.abc
@@ -31,6 +32,8 @@ import traceback
 import types
 import warnings
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from typing import Any
 
 from harness.errors import EnvironmentBroken
@@ -276,8 +279,6 @@ def load_api() -> SglangApi:
     if os.environ.get("TRITON_INTERPRET") != "1":  # a CUDA host: SGLang's CUDA branches import its extensions
         stand_ins.stand_in_unloadable(COMPILED_EXTENSIONS)
     try:
-        from importlib.metadata import PackageNotFoundError, version as dist_version
-
         version = dist_version("sglang")
     except PackageNotFoundError:
         raise EnvironmentBroken("--target sglang: the sglang package is not installed "
@@ -376,8 +377,6 @@ def _tune_interpreter(kernels) -> None:
     builder = getattr(interpreter, "interpreter_builder", None)
     options_cls = getattr(interpreter, "InterpreterOptions", None)
     if builder is not None and options_cls is not None and getattr(builder.options, "sanitize_overflow", False):
-        import dataclasses
-
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
     combine = kernels._combine_topk_swa_indices_kernel
     if not isinstance(combine, RetiledCombineKernel):
