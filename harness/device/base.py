@@ -85,7 +85,9 @@ class Device:
         self._next_id += 1
         return Stream(name, 1000 + self._next_id)
 
-    def _new_event_id(self) -> int:
+    def new_event_id(self) -> int:
+        """A fresh id for an event of this device (the tracker's key; the sglang target's event bridge
+        takes one for each event SGLang's code records)."""
         self._next_id += 1
         return 2000 + self._next_id
 
@@ -156,7 +158,7 @@ class Device:
         stream = stream or self.current_stream
         if self._capturing is not None:
             raise RuntimeError("recording an event inside a graph capture is not modelled; record it before replay")
-        event = Event(self._new_event_id())
+        event = Event(self.new_event_id())
         self.tracker.record(event.id, stream.id)
         self._record(event, stream)
         if stream is self.forward_stream:
@@ -184,7 +186,7 @@ class Device:
 
     def wait_stream(self, waiter: Stream, waitee: Stream) -> None:
         self.tracker.wait_stream(waiter.id, waitee.id)
-        event = Event(self._new_event_id())
+        event = Event(self.new_event_id())
         self._record(event, waitee)
         self._wait(waiter, event)
 

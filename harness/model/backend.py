@@ -258,11 +258,11 @@ class DeepseekV4AttnBackend(AttentionBackend):
         dims = self.dims
         flags, mode = self.model_runner.flags, fb.forward_mode
         if flags.cp_active:
-            self._late_refresh_swa_rows("cp.shard_metadata", fb, range(fb.num_tokens))
+            self.late_refresh_swa_rows("cp.shard_metadata", fb, range(fb.num_tokens))
         if mode is ForwardMode.MIXED:
             decode_rows = [t for t, r in enumerate(fb.row_req[:sum(fb.extend_seq_lens_cpu)])
                            if fb.extend_seq_lens_cpu[r] == 1]
-            self._late_refresh_swa_rows("mixed.decode_rows", fb, decode_rows)
+            self.late_refresh_swa_rows("mixed.decode_rows", fb, decode_rows)
         rows = fb.num_tokens
         sparse = self._use_sparse_prefill(fb, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
@@ -273,13 +273,13 @@ class DeepseekV4AttnBackend(AttentionBackend):
             else:
                 self.store_compressed(fb, layer, self.forward_metadata.core_attn_metadata)
             if ratio == 4:
-                self._indexer(fb, layer)
+                self.run_indexer(fb, layer)
             if sparse:
                 self._attend_sparse(fb, layer, out)
             else:
-                self._attend_dense(fb, layer, out)
+                self.attend_dense(fb, layer, out)
 
-    def _late_refresh_swa_rows(self, label: str, fb: ForwardBatch, rows) -> None:
+    def late_refresh_swa_rows(self, label: str, fb: ForwardBatch, rows) -> None:
         """Steps that translate through the live tables inside the forward (CP sharding, MIXED decode rows)."""
         rows = list(rows)
         if not rows:
@@ -341,7 +341,9 @@ class DeepseekV4AttnBackend(AttentionBackend):
                            reads={f"meta.c{ratio}_out_loc": None},
                            writes={f"extra_kv[{layer}]": None, "indexer_k": None})
 
-    def _indexer(self, fb: ForwardBatch, layer: int) -> None:
+    def run_indexer(self, fb: ForwardBatch, layer: int) -> None:
+        """Layer `layer`'s indexer: each query row's top-k compressed blocks into the layer's index rows
+        (public: the sglang target runs it inside the real runner's forward)."""
         core = copy.copy(self.forward_metadata.core_attn_metadata)
         pool, dims = self.token_to_kv_pool, self.dims
         topk, ps = dims.index_topk, dims.page_size
@@ -369,14 +371,17 @@ class DeepseekV4AttnBackend(AttentionBackend):
                            reads={"indexer_k": None, "meta.page_table": None, "meta.positions_casual": None},
                            writes={"meta.c4_sparse_raw_indices": None, "meta.c4_sparse_page_indices": None})
 
-    def _compressed_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def compressed_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """HiSparse translates every compressed slot through its live mapping, in every layer."""
         if not self.model_runner.flags.hisparse:
             return slots, {}
         f2h = self.token_to_kv_pool.full_to_hisparse
         return torch.where(slots >= 0, f2h[slots.clamp(min=0)], -1), {"full_to_hisparse": None}
 
-    def _attend_dense(self, fb: ForwardBatch, layer: int, out: torch.Tensor) -> None:
+    def attend_dense(self, fb: ForwardBatch, layer: int, out: torch.Tensor) -> None:
+        """Layer `layer`'s attention over the metadata's page indices (SWA, and the layer's compressed
+        ones), without the sparse prefill chunk cache, into `out` (public: the sglang target runs it
+        inside the real runner's forward)."""
         core = self.forward_metadata.core_attn_metadata
         pool, dims = self.token_to_kv_pool, self.dims
         ratio, sink = dims.layer_ratios[layer], self.model_runner.sink[layer]
@@ -394,7 +399,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
             if comp is None:
                 idx = swa
             else:
-                idx = torch.cat([self._compressed_slots(comp.long())[0], swa], dim=1)
+                idx = torch.cat([self.compressed_slots(comp.long())[0], swa], dim=1)
             out[layer].copy_(sparse_attention_on(kv.device)(fb.q[layer], kv, idx, sink, dims.head_dim ** -0.5))
 
         self.device.launch(f"layer{layer}.attention.dense", attend, reads=reads, writes={"out": None})
@@ -438,7 +443,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                 kv, idx = swa_region, c0
             else:
                 slots = page_slot(core.page_table[first_row[entry_req]], entry_pos[:, None], ps)[:, 0]
-                slots = self._compressed_slots(slots)[0]
+                slots = self.compressed_slots(slots)[0]
                 comp_region = pool.extra_kv[layer][slots.clamp(min=0)]
                 if ratio == 4:
                     raw = core.c4_sparse_raw_indices.long()

@@ -188,7 +188,7 @@ class CudaEventBridge:
 
     def recorded(self, native, stream) -> None:
         harness_stream = self.stream_of(stream.cuda_stream)
-        event = Event(self.device._new_event_id(), native)
+        event = Event(self.device.new_event_id(), native)
         self.device.tracker.record(event.id, harness_stream.id)
         self.events[native.cuda_event] = (event, harness_stream)
         self.pending_delay = harness_stream is self.device.forward_stream

@@ -527,7 +527,7 @@ class SglangModelRunner:
         harness.forward_metadata = backend.forward_metadata
         rows = fb.num_tokens
         if api.mods["cp_utils"].is_cp_active(view):  # CP shards the query layout inside the forward
-            harness._late_refresh_swa_rows("cp.shard_metadata", fb, range(rows))
+            harness.late_refresh_swa_rows("cp.shard_metadata", fb, range(rows))
         sparse = backend._use_sparse_prefill(view, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         for layer, ratio in enumerate(self.case.dims.layer_ratios):
@@ -537,11 +537,11 @@ class SglangModelRunner:
             else:
                 harness.store_compressed(fb, layer, backend.forward_metadata.core_attn_metadata)
             if ratio == 4:
-                harness._indexer(fb, layer)
+                harness.run_indexer(fb, layer)
             if sparse:
                 self._attend_sparse(fb, view, layer, out)
             else:
-                harness._attend_dense(fb, layer, out)
+                harness.attend_dense(fb, layer, out)
 
     def _store_swa(self, fb: ForwardBatch, view, layer: int) -> None:
         backend = self.attn_backend
@@ -592,7 +592,7 @@ class SglangModelRunner:
                     block_table = page_slot(page_table, starts.expand(page_table.shape[0], -1), ps)
                     flat = cache.ensure_compressed(ratio, block_table, 1).flat_token_ids
                     idx, _ = cache.combine_compressed(ratio, raw4[: cache.num_qo_tokens].to(torch.int32))
-                slots = harness._compressed_slots(flat.long())[0] if hisparse else flat.long()
+                slots = harness.compressed_slots(flat.long())[0] if hisparse else flat.long()
                 kv = torch.cat([pool.extra_kv[layer][slots.clamp(min=0)], swa_region])
             out[layer].copy_(sparse_attention_on(kv.device)(fb.q[layer], kv, idx.long(), sink, scale))
 
