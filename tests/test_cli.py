@@ -99,3 +99,21 @@ def test_triage_of_a_target_without_an_attention_backend_names_what_is_missing(m
     monkeypatch.setattr(triage_command, "load_target", lambda spec, mutant=None: bare)
     assert cli.main(["triage", "--device", "cpu", "--report-dir", str(tmp_path)]) == 2
     assert "its session has no model_runner.attn_backend" in capsys.readouterr().err
+
+
+def test_a_report_dir_that_is_a_file_exits_2_before_any_case(tmp_path):
+    taken = tmp_path / "report"
+    taken.write_text("not a folder")
+    out = harness("run", "--device", "cpu", "--examples", "2", "--report-dir", str(taken))
+    assert out.returncode == 2 and "exists and is not a directory" in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "cases on cpu" not in out.stdout
+    assert taken.read_text() == "not a folder"
+
+
+def test_a_kill_table_with_a_survivor_exits_3_as_its_page_says_broken(tmp_path):
+    """`cp_snapshot_global` needs more than two unseeded cases (44 in the kill table): it survives here."""
+    out = harness("mutants", "--only", "cp_snapshot_global", "--examples", "2", "--no-seeds",
+                  "--report-dir", str(tmp_path))
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "ALIVE" in out.stdout and "0/1 mutants killed" in out.stdout
+    assert "<title>BROKEN" in (tmp_path / "index.html").read_text()
