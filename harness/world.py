@@ -181,7 +181,7 @@ def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> Batch
     index_keys = [draw_integers((req.seq_len // 4, dims.index_dim), -4, 5, seed, 4 + 2 * r, device)
                   for r, req in enumerate(batch.requests)]
     t = batch.num_tokens
-    return BatchWorld(
+    world = BatchWorld(
         batch=batch,
         dims=dims,
         sizes=sizes,
@@ -198,6 +198,11 @@ def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> Batch
         sink=draw_uniform((layers, dims.heads), seed, 2, device),
         seed=seed,
     )
+    if world.device.type == "cuda":
+        # Drawn on the current stream; a target loads it on its own streams, which do not wait for
+        # this one: the draw is finished before any of them can read it.
+        torch.cuda.current_stream().synchronize()
+    return world
 
 
 def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
@@ -267,6 +272,13 @@ class CaseWorlds:
             began = time.perf_counter()
             world = self._built[index] = build_world(self.case, index, self.sizes, device)
             self.seconds += time.perf_counter() - began
-        elif world.device != torch.device(device):
+        elif not same_device(world.device, torch.device(device)):
             raise ValueError(f"batch {index}'s world is on {world.device}, asked for on {device}")
         return world
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one: a tensor's device carries its index (`cuda:0`), the device a run asks
+    for often does not (`cuda`, the current one). A run uses one GPU (workers are pinned to theirs), so
+    a device without an index is the one with any index of its type."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)

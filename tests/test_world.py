@@ -15,7 +15,8 @@ from harness.case import Batch, Case, Dims, Mutation, Request
 from harness.engine import run_case
 from harness.model.attention import reference_attention
 from harness.targets.reference import ReferenceTarget, make_forward_batch
-from harness.world import CaseWorlds, PoolSizes, build_world, draw_integers, draw_uniform, kv_contents
+from harness.world import (CaseWorlds, PoolSizes, build_world, draw_integers, draw_uniform, kv_contents,
+                           same_device)
 
 SMALL = Case(batches=(Batch(requests=(Request(20, 9), Request(3, 6)), mutations=(Mutation("swa_clear", count=2),)),
                       Batch(requests=(Request(0, 5),), graph=True)))
@@ -68,6 +69,14 @@ def test_a_case_s_worlds_are_drawn_once_for_both_runs_and_never_written():
     for name in MODEL_DATA:
         assert torch.equal(getattr(result.overlapped.worlds[0], name), before[name]), name
     assert result.world_seconds > 0 and set(result.phases()) >= {"world", "oracles", "overlapped_forward"}
+
+
+def test_a_device_without_an_index_is_the_one_its_tensors_are_on():
+    """A CUDA tensor's device is `cuda:0`, the device a run asks for `cuda`: the same world."""
+    assert same_device(torch.device("cuda:0"), torch.device("cuda"))
+    assert same_device(torch.device("cpu"), torch.device("cpu"))
+    assert not same_device(torch.device("cuda:0"), torch.device("cuda:1"))
+    assert not same_device(torch.device("cuda:0"), torch.device("cpu"))
 
 
 def test_a_target_that_writes_into_its_inputs_does_not_change_the_shared_world():
