@@ -414,3 +414,11 @@ def load_folder(path: Path, pytest_junit: Path | None = None) -> ReportFolder:
     if (path / EXAMPLES).is_dir():
         folder.examples = sum(1 for p in (path / EXAMPLES).rglob("*") if p.is_file())
     return folder
+
+
+def time_rows(spent: dict) -> list[tuple[str, float, float]]:
+    """A summary's `time` as (phase, seconds, share of the total) rows, largest first: the page's table
+    and the run's printed line."""
+    total = sum(spent.values()) or 1.0
+    return [(phase.replace("_", " "), seconds, seconds / total)
+            for phase, seconds in sorted(spent.items(), key=lambda item: -item[1])]

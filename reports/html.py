@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 
 from reports import plots
-from reports.folder import SANITIZER_RAW_DIR, ReportFolder
+from reports.folder import SANITIZER_RAW_DIR, ReportFolder, time_rows
 from reports.junit import flatten
 from reports.verdict import judge, sanitizer_outcome
 from reports.writers import write_text_atomically
@@ -81,6 +81,7 @@ def _campaign_context(summary: dict, with_plots: bool = True) -> dict:
     telemetry = summary.get("telemetry")
     return {
         "summary": summary,
+        "time": time_rows(summary.get("time") or {}),
         "groups": group_findings(summary["findings"]),
         "plots": [p for p in (plots.cases_over_time(log), plots.geometry(log)) if p],
         "telemetry": None if telemetry is None else {

@@ -14,6 +14,7 @@ import pytest
 from harness.case import Batch, Case, Mutation, Request
 from harness.cli import main
 from harness.engine import run_case
+from harness.errors import InvalidArgument
 from harness.mutants.corpus import mutant_target
 from reports import junit
 from reports.cli import render_folder
@@ -197,6 +198,16 @@ def test_the_sanitizer_commands_own_json_loads_and_agrees_with_its_ok(tmp_path):
     assert 'href="sanitizer/racecheck-planted_race.xml"' in page and "errors in clean cases" in page
     suite = _parse(junit.sanitizer_suite(doc))
     assert [c.get("name") for c in suite.findall("testcase") if len(c.findall("failure"))] == ["planted_uninit"]
+
+
+def test_the_page_says_where_the_campaign_s_time_went_and_a_bad_phase_is_refused(tmp_path):
+    spent = {"world": 0.5, "oracles": 2.0, "race_delay": 1.5, "campaign": 1.0}
+    page = render_html(load_folder(write_folder(tmp_path / "ok", summary_json={**summary(), "time": spent})))
+    table = page[page.index("<table>", page.index('id="time"')):]
+    assert table.index("oracles") < table.index("race delay") < table.index("campaign") < table.index("world")
+    assert "<td>40%</td>" in table  # 2.0 of 5.0 s
+    with pytest.raises(InvalidArgument, match="time.world"):
+        load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "time": {"world": "slow"}}))
 
 
 def test_telemetry_as_the_run_command_writes_it(tmp_path):

@@ -20,13 +20,24 @@ from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignP
 from harness.sharding import Shard
 from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
-from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
+from harness.workers import (
+    WORKERS_DIR,
+    WorkerProcesses,
+    announce_ready,
+    visible_gpus,
+    worker_count,
+)
 from harness.workers import plan as plan_workers
 from reports import junit
 from reports.cli import render_folder
-from reports.folder import SUMMARY, load_folder
+from reports.folder import SUMMARY, load_folder, time_rows
 from reports.merge import merge_summaries
-from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
+from reports.writers import (
+    new_staging_folder,
+    refuse_other_runs,
+    replace_report,
+    write_json_atomically,
+)
 
 
 def add_parser(sub) -> None:
@@ -162,9 +173,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
 
 def time_shares(spent: dict[str, float]) -> str:
     """`summary.json`'s `time`, as shares of its total, largest first: "oracles 31%, world 12%, ..."."""
-    total = sum(spent.values()) or 1.0
-    return ", ".join(f"{phase.replace('_', ' ')} {seconds / total:.0%}"
-                     for phase, seconds in sorted(spent.items(), key=lambda item: -item[1]) if seconds / total >= 0.005)
+    return ", ".join(f"{phase} {share:.0%}" for phase, _, share in time_rows(spent) if share >= 0.005)
 
 
 def worker_plan(spec: str, device: str) -> tuple[bool, Optional[list[str]], int]:
