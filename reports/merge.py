@@ -28,30 +28,10 @@ from pathlib import Path
 from harness.coverage import merge_tables
 from harness.errors import ExitCode, InvalidArgument
 from reports.cli import EXIT_CODES, render_folder
-from reports.folder import (
-    CLEAN_REFERENCE,
-    EXAMPLES,
-    KERNEL,
-    MUTANTS,
-    NIGHTLY,
-    PYTEST_JUNIT,
-    SANITIZER,
-    SUMMARY,
-    TRIAGE,
-    VERSIONS,
-    ReportError,
-    ReportFolder,
-    load_folder,
-)
-from reports.junit import CAMPAIGN
-from reports.junit import MUTANTS as JUNIT_MUTANTS
-from reports.junit import SANITIZER as JUNIT_SANITIZER
-from reports.writers import (
-    refuse_other_runs,
-    replace_report,
-    write_bytes_atomically,
-    write_json_atomically,
-)
+from reports.folder import (CLEAN_REFERENCE, EXAMPLES, KERNEL, MUTANTS, NIGHTLY, PYTEST_JUNIT, SANITIZER, SUMMARY,
+                            TRIAGE, VERSIONS, ReportError, ReportFolder, load_folder)
+from reports.junit import CAMPAIGN, MUTANTS as JUNIT_MUTANTS, SANITIZER as JUNIT_SANITIZER
+from reports.writers import refuse_other_runs, replace_report, write_bytes_atomically, write_json_atomically
 
 CAMPAIGN_IDENTITY = ("target", "mutant", "semantics", "device", "profile", "seed")
 REPORT_FILES = (SUMMARY, MUTANTS, CLEAN_REFERENCE, TRIAGE, SANITIZER, KERNEL, NIGHTLY, VERSIONS, PYTEST_JUNIT,

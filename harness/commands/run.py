@@ -20,24 +20,13 @@ from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignP
 from harness.sharding import Shard
 from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
-from harness.workers import (
-    WORKERS_DIR,
-    WorkerProcesses,
-    announce_ready,
-    visible_gpus,
-    worker_count,
-)
+from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
 from reports import junit
 from reports.cli import render_folder
 from reports.folder import SUMMARY, load_folder, time_rows
 from reports.merge import merge_summaries
-from reports.writers import (
-    new_staging_folder,
-    refuse_other_runs,
-    replace_report,
-    write_json_atomically,
-)
+from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
 
 
 def add_parser(sub) -> None:
