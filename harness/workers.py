@@ -109,7 +109,6 @@ class WorkerProcesses:
         self._lock = threading.Lock()  # orders a signal against a worker's becoming ready
         self._ready: set[int] = set()  # indices into procs of the workers that handle signals
         self._stop: Optional[int] = None  # the first signal, held for the workers not yet ready
-        self._signals_seen = 0
 
     def command(self, worker: Worker) -> list[str]:
         return [sys.executable, "-m", "harness", "run", *self.run_args, "--shard", str(worker.shard),
@@ -159,8 +158,7 @@ class WorkerProcesses:
         becomes ready (also to one started after it); a later signal goes to every worker at once, to
         end them, ready or not."""
         with self._lock:
-            self._signals_seen += 1
-            if self._signals_seen == 1:
+            if self._stop is None:
                 self._stop = signum
                 for index in self._ready:
                     self._send(self.procs[index], signum)

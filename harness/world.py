@@ -14,6 +14,7 @@ rows a request owns) are small host-side lists, drawn on the CPU as before.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -47,9 +48,10 @@ def _stream_key(seed: int, stream: int) -> int:
     return (z ^ (z >> 31)) & _MASK32
 
 
-def _hashed(n: int, key: int, device, finish) -> torch.Tensor:
-    """`finish(h)` of the 32-bit hashes h of positions 0..n-1 under `key`, as one flat tensor; in chunks on
-    the CPU (where each pass over a large int64 tensor would go to memory), at once on a GPU."""
+def _hashed(shape, seed: int, stream: int, device, finish) -> torch.Tensor:
+    """`finish(h)` of the 32-bit hashes h of positions 0..n-1 under the (seed, stream) key, shaped `shape`;
+    in chunks on the CPU (where each pass over a large int64 tensor would go to memory), at once on a GPU."""
+    n, key = math.prod(shape), _stream_key(seed, stream)
     chunk = max(1, n) if torch.device(device).type != "cpu" else _DRAW_CHUNK
     parts = []
     for start in range(0, max(1, n), chunk):  # n == 0 (no indexer block yet) draws one empty chunk
@@ -59,26 +61,18 @@ def _hashed(n: int, key: int, device, finish) -> torch.Tensor:
             x.bitwise_xor_(x >> shift).mul_(multiplier).bitwise_and_(_MASK32)
         x.bitwise_xor_(x >> 16)
         parts.append(finish(x))
-    return torch.cat(parts) if len(parts) != 1 else parts[0]
+    return (torch.cat(parts) if len(parts) != 1 else parts[0]).reshape(shape)
 
 
 def draw_uniform(shape, seed: int, stream: int, device="cpu") -> torch.Tensor:
     """float32 values uniform on [-2, 2) in steps of 2**-21 (mean 0, variance 4/3): exact dyadic
     values, so the conversion and the scaling are exact on every device."""
-    n = 1
-    for size in shape:
-        n *= size
-    key = _stream_key(seed, stream)
-    return _hashed(n, key, device, lambda h: ((h >> 9) - (1 << 22)).float().mul_(2.0 ** -21)).reshape(shape)
+    return _hashed(shape, seed, stream, device, lambda h: ((h >> 9) - (1 << 22)).float().mul_(2.0 ** -21))
 
 
 def draw_integers(shape, low: int, high: int, seed: int, stream: int, device="cpu") -> torch.Tensor:
     """float32 integers in [low, high), from the same hash (the indexer's small integer keys)."""
-    n = 1
-    for size in shape:
-        n *= size
-    key = _stream_key(seed, stream)
-    return _hashed(n, key, device, lambda h: (h % (high - low) + low).float()).reshape(shape)
+    return _hashed(shape, seed, stream, device, lambda h: (h % (high - low) + low).float())
 
 
 @dataclass(frozen=True)
