@@ -23,6 +23,7 @@ from functools import cached_property
 import torch
 
 from harness.case import Batch, Case, Dims
+from harness.model.pools import to_device
 
 SPARE_ROWS = 4  # pool rows no request of the batch uses: targets of "other" rewrites and of reuse
 SPARE_PAGES = 4
@@ -119,7 +120,10 @@ class BatchWorld:
     sink: torch.Tensor  # [layers, H]
     seed: int
     _blocks: dict = field(default_factory=dict, repr=False)
-    _kv: dict = field(default_factory=dict, repr=False)  # kv_contents, by after_forward
+    # Tensors derived from the world once and then shared by its runs, which never write them: the KV
+    # contents (`kv_contents`) and what a target builds from the world every run (its load's index
+    # tensors, its forward batch's inputs), by name.
+    derived: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -206,9 +210,10 @@ def kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tu
     compressed caches are indexed by (layer, slot), the indexer cache by slot. Built once per world
     (the load of each run and the kv oracle ask for them); the caller never writes to them.
     """
-    if after_forward not in world._kv:
-        world._kv[after_forward] = _kv_contents(world, after_forward=after_forward)
-    return world._kv[after_forward]
+    key = ("kv_contents", after_forward)
+    if key not in world.derived:
+        world.derived[key] = _kv_contents(world, after_forward=after_forward)
+    return world.derived[key]
 
 
 def _kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
@@ -222,7 +227,7 @@ def _kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[t
         if live.numel():
             swa_idx.append(torch.stack(torch.broadcast_tensors(torch.arange(layers)[:, None], slots[live][None, :]))
                            .flatten(1))
-            swa_val.append(world.latents[r][:, live.to(world.device)].flatten(0, 1))
+            swa_val.append(world.latents[r][:, to_device(live, world.device)].flatten(0, 1))
         full = torch.tensor(world.full_slots[r], dtype=torch.int64)
         for layer, ratio in enumerate(dims.layer_ratios):
             blocks = end // ratio if ratio else 0
@@ -241,7 +246,7 @@ def _kv_contents(world: BatchWorld, *, after_forward: bool) -> dict[str, tuple[t
         if not idx:
             empty = tuple(torch.zeros(0, dtype=torch.int64, device=world.device) for _ in range(dims_))
             return empty, torch.zeros(0, width, device=world.device)
-        index = torch.cat(idx, dim=-1).to(world.device)
+        index = to_device(torch.cat(idx, dim=-1), world.device)
         return (tuple(index) if dims_ == 2 else (index,)), torch.cat(val)
 
     return {"swa_kv": pack(swa_idx, swa_val, 2, dims.head_dim),

@@ -12,6 +12,7 @@ import torch
 
 from harness.kernels import sparse_attention_for
 from harness.kernels.torch_attention import sparse_attention  # also harness.model.attention.sparse_attention
+from harness.model.pools import to_device
 
 
 def sparse_attention_on(device: torch.device):
@@ -22,60 +23,92 @@ def sparse_attention_on(device: torch.device):
     return sparse_attention_for(device)
 
 
-def reference_attention(world, layer: int, rows: list[int] | None = None) -> torch.Tensor:
+def reference_attention(world, layer: int, rows: list[int] | None = None, *,
+                        keys: str | None = None) -> torch.Tensor:
     """Float64 attention of one layer for every real query row, straight from positions and latents.
 
     It never touches req_to_token, the SWA mapping, page tables or index rows, so it checks them.
-    Rows go in groups of one request: each row gathers its own keys (chosen compressed blocks, then
-    its SWA window of latents), padded with masked slots, and the group is one batched product. It
-    runs on the device the world's data is on (an H200 does about 67 TFLOP/s in float64).
+    Rows go in groups of one request. Each row's keys are its chosen compressed blocks, then its SWA
+    window of latents. It runs on the device the world's data is on (an H200 does about 67 TFLOP/s in
+    float64). `keys` says how a row meets its keys, the same sums either way:
+    - `"gathered"` (the CPU's default): each row gathers its own keys, padded with masked slots, so
+      the work follows the window and the top-k, however long the request;
+    - `"masked"` (a GPU's default): every row multiplies against all of the request's keys and masks
+      the ones it does not attend to; two plain matrix products, no gathered copy of the keys per row,
+      which on a GPU costs more than the products it saves.
     """
     dims, device = world.dims, world.device
+    keys = keys or ("gathered" if device.type == "cpu" else "masked")
+    if keys not in ("gathered", "masked"):
+        raise ValueError(f"keys={keys!r}: gathered or masked")
     ratio = dims.layer_ratios[layer]
     scale = dims.head_dim ** -0.5
     sink = world.sink[layer].double()
-    q_all = world.q[layer]  # rows are converted to float64 as they are used
     token_rows = world.token_rows
-    wanted = range(len(token_rows)) if rows is None else rows
-    out = torch.zeros(len(wanted), dims.heads, dims.head_dim, dtype=torch.float64, device=device)
-    by_request: dict[int, list[tuple[int, int, int]]] = {}
-    for i, t in enumerate(wanted):
-        r, pos = token_rows[t]
-        by_request.setdefault(r, []).append((i, t, pos))
+    wanted = list(range(len(token_rows))) if rows is None else list(rows)
+    # The rows in request order, so that each request's rows are one slice; the host's lists go to the
+    # device in one copy, not one per slice (a copy from pageable memory waits for the stream).
+    order = sorted(range(len(wanted)), key=lambda i: token_rows[wanted[i]][0])
+    plan = to_device(torch.tensor([[i for i in order], [wanted[i] for i in order],
+                                   [token_rows[wanted[i]][1] for i in order]], dtype=torch.int64), device)
+    results = []
     window = torch.arange(dims.swa_window, device=device)
     step = REFERENCE_ROWS_PER_STEP["cpu" if device.type == "cpu" else "gpu"]
-    for r, items in by_request.items():
+    start = 0
+    for r, count in _runs(token_rows[wanted[i]][0] for i in order):
         latents = world.latents[r][layer].double()
         blocks = world.block_means(r, layer, ratio).double() if ratio else latents[:0]
-        keys = torch.cat([blocks, latents])
-        for chunk in range(0, len(items), step):
-            part = items[chunk: chunk + step]
-            pos = torch.tensor([p for _, _, p in part], device=device)
-            swa = pos[:, None] - (dims.swa_window - 1) + window[None, :]  # this row's window of latents
-            index = torch.where(swa >= 0, swa + blocks.shape[0], -1)
-            if ratio:
-                chosen = chosen_blocks(world, r, [t for _, t, _ in part], (pos + 1) // ratio, ratio)
-                block_ids = torch.arange(chosen.shape[1], device=device)
-                index = torch.cat([torch.where(chosen, block_ids[None, :], -1), index], dim=1)
-            valid = index >= 0
-            k = keys[index.clamp(min=0)]  # [n, K, D]
-            queries = q_all[torch.tensor([t for _, t, _ in part], device=device)].double()
-            scores = torch.einsum("nhd,nkd->nhk", queries, k) * scale
-            scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        request_keys = torch.cat([blocks, latents])
+        for chunk in range(start, start + count, step):
+            part = slice(chunk, min(chunk + step, start + count))
+            t, pos = plan[1, part], plan[2, part]
+            chosen = chosen_blocks(world, r, t, (pos + 1) // ratio, ratio) if ratio else None
+            queries = world.q[layer].index_select(0, t).double()
+            if keys == "masked":
+                latent_ids = torch.arange(latents.shape[0], device=device)
+                attended = (latent_ids[None, :] <= pos[:, None]) & (latent_ids[None, :] > pos[:, None] - dims.swa_window)
+                if chosen is not None:
+                    attended = torch.cat([chosen, attended], dim=1)
+                scores = torch.einsum("nhd,kd->nhk", queries, request_keys) * scale
+            else:
+                swa = pos[:, None] - (dims.swa_window - 1) + window[None, :]  # this row's window of latents
+                index = torch.where(swa >= 0, swa + blocks.shape[0], -1)
+                if chosen is not None:
+                    block_ids = torch.arange(chosen.shape[1], device=device)
+                    index = torch.cat([torch.where(chosen, block_ids[None, :], -1), index], dim=1)
+                attended = index >= 0
+                gathered = request_keys[index.clamp(min=0)]  # [n, K, D]
+                scores = torch.einsum("nhd,nkd->nhk", queries, gathered) * scale
+            scores = scores.masked_fill(~attended[:, None, :], float("-inf"))
             top = torch.maximum(scores.max(dim=2).values, sink[None, :])
             weights = torch.exp(scores - top[:, :, None])
-            norm = weights.sum(dim=2) + torch.exp(sink[None, :] - top)
-            out[torch.tensor([i for i, _, _ in part], device=device)] = torch.einsum(
-                "nhk,nkd->nhd", weights / norm[:, :, None], k)
+            weights = weights / (weights.sum(dim=2) + torch.exp(sink[None, :] - top))[:, :, None]
+            results.append(torch.einsum("nhk,kd->nhd", weights, request_keys) if keys == "masked"
+                           else torch.einsum("nhk,nkd->nhd", weights, gathered))
+        start += count
+    out = torch.zeros(len(wanted), dims.heads, dims.head_dim, dtype=torch.float64, device=device)
+    if results:
+        out.index_copy_(0, plan[0], torch.cat(results))
     return out
 
 
+def _runs(values):
+    """(value, length) for each run of equal values."""
+    runs: list[list] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return [tuple(run) for run in runs]
+
+
 # Rows gathered at once: on the CPU real sizes stay near 100 MB of float64 keys; a GPU takes the
-# float64 oracle's 256 rows of a layer in one step (about 0.7 GB of keys at real sizes).
+# float64 oracle's 256 rows of a layer in one step (about 0.7 GB of keys at real sizes, gathered).
 REFERENCE_ROWS_PER_STEP = {"cpu": 32, "gpu": 256}
 
 
-def chosen_blocks(world, r: int, rows: list[int], visible: torch.Tensor, ratio: int) -> torch.Tensor:
+def chosen_blocks(world, r: int, rows: torch.Tensor, visible: torch.Tensor, ratio: int) -> torch.Tensor:
     """Which compressed blocks each row attends to, as a mask [rows, blocks]: every visible block of a
     ratio-128 layer; for ratio 4 the indexer's choice, the top-k scores with ties to the lower block,
     all visible blocks when few are. Keys and queries are small integers, so the scores are exact."""
@@ -84,7 +117,7 @@ def chosen_blocks(world, r: int, rows: list[int], visible: torch.Tensor, ratio: 
     visible_mask = block_ids[None, :] < visible[:, None]
     if ratio != 4:
         return visible_mask
-    scores = world.q_index[torch.tensor(rows, device=visible.device)].double() @ world.index_keys[r][:blocks].double().T
+    scores = world.q_index.index_select(0, rows).double() @ world.index_keys[r][:blocks].double().T
     scores = scores.masked_fill(~visible_mask, float("-inf"))
     order = torch.sort(-scores, dim=1, stable=True).indices  # best first; equal scores keep block order
     rank = torch.empty_like(order).scatter_(1, order, block_ids.expand(len(rows), -1).contiguous())
