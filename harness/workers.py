@@ -1,5 +1,11 @@
 """`harness run --workers N|auto`: one campaign process per GPU (per core on the CPU), one report.
 
+With `--gpu-share`, more workers than GPUs share them round robin. A campaign's case is mostly host
+work (drawing, the observer, the oracles) and GPU sleeps that widen race windows; one process leaves
+the GPU idle most of the time, so on a host with more cores than GPUs several workers per GPU judge
+more cases. Each worker's forwards stay on its own streams and its race delays on its own forward
+stream; another process's kernels only add time to a window, never remove an ordering.
+
 Each worker is `python -m harness run` on its own part of the case stream (`harness.sharding`: the
 run's shard, dealt round robin to its workers), pinned to its GPU by `CUDA_VISIBLE_DEVICES` in the
 environment it starts with, so CUDA never sees another GPU. GPUs are counted through NVML, which
@@ -58,9 +64,9 @@ def visible_gpus() -> list[str]:
         raise EnvironmentBroken(f"--workers on --device cuda needs NVML to count the GPUs: {exc}") from None
 
 
-def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None) -> int:
+def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, share: bool = False) -> int:
     """`auto`: one per visible GPU on CUDA, one per core on the CPU; a number is taken as it is, but
-    on CUDA never more workers than GPUs (each worker has a GPU of its own)."""
+    on CUDA never more workers than GPUs (each worker has a GPU of its own) unless `share`."""
     if spec != "auto" and not (spec.isdigit() and int(spec) > 0):
         raise InvalidArgument(f"--workers={spec!r}: auto or a number of workers > 0")
     if device != "cuda":
@@ -69,14 +75,16 @@ def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None) -> in
         raise EnvironmentBroken("--workers on --device cuda: no GPU is visible (CUDA_VISIBLE_DEVICES hides them all, "
                                 "or NVML sees none)")
     count = len(gpus) if spec == "auto" else int(spec)
-    if count > len(gpus):
+    if count > len(gpus) and not share:
         raise InvalidArgument(f"--workers={spec}: {len(gpus)} GPU(s) visible ({','.join(gpus)}), one per worker; "
-                              f"use --workers {len(gpus)} or auto")
+                              f"use --workers {len(gpus)} or auto, or --gpu-share to let workers share GPUs")
     return count
 
 
 def plan(count: int, shard: Shard, folder: Path, gpus: Optional[list[str]]) -> list[Worker]:
-    return [Worker(n, shard.split(count, n), gpus[n - 1] if gpus else None, Path(folder) / WORKERS_DIR / f"w{n}")
+    """Worker n on part n of `count` of the shard, on GPU n (round robin when workers share GPUs)."""
+    return [Worker(n, shard.split(count, n), gpus[(n - 1) % len(gpus)] if gpus else None,
+                   Path(folder) / WORKERS_DIR / f"w{n}")
             for n in range(1, count + 1)]
 
 

@@ -22,7 +22,8 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
 
 
 @pytest.mark.parametrize("spec, device, gpus, error, needle", [
-    ("4", "cuda", ["0", "1"], InvalidArgument, "2 GPU(s) visible (0,1), one per worker"),
+    ("4", "cuda", ["0", "1"], InvalidArgument, "2 GPU(s) visible (0,1), one per worker; use --workers 2 or auto, "
+                                              "or --gpu-share"),
     ("auto", "cuda", [], EnvironmentBroken, "no GPU is visible"),
     ("two", "cpu", None, InvalidArgument, "--workers='two': auto or a number of workers > 0"),
     ("0", "cpu", None, InvalidArgument, "--workers='0'"),
@@ -30,6 +31,23 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
 def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
     with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
         worker_count(spec, device, gpus)
+
+
+def test_workers_share_gpus_round_robin_only_when_asked(tmp_path):
+    assert worker_count("5", "cuda", ["0", "1"], share=True) == 5
+    assert worker_count("auto", "cuda", ["0", "1"], share=True) == 2  # auto stays one per GPU
+    workers = plan(5, Shard(1, 1), tmp_path, ["0", "1"])
+    assert [w.cuda_visible_devices for w in workers] == ["0", "1", "0", "1", "0"]
+
+
+@pytest.mark.parametrize("extra", [["--device", "cpu", "--workers", "2"], ["--device", "cpu"]],
+                         ids=["on-the-cpu", "one-process"])
+def test_gpu_share_without_cuda_workers_is_refused_before_any_work(tmp_path, extra):
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--gpu-share", *extra, "--report-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--gpu-share: workers share GPUs only with --device cuda and --workers N|auto" in done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())
 
 
 def test_the_default_of_one_process_needs_no_gpu_listing(monkeypatch):
@@ -78,3 +96,18 @@ def test_workers_auto_on_cuda_runs_one_worker_per_visible_gpu(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [w["cuda_visible_devices"] for w in summary["workers"]] == gpus
     assert all(w["gpu"] for w in summary["workers"]), "each worker's telemetry names its GPU"
+
+
+@pytest.mark.gpu
+def test_workers_sharing_gpus_are_dealt_round_robin_and_merged(tmp_path):
+    from harness.workers import visible_gpus
+
+    gpus = visible_gpus()
+    count = 2 * len(gpus)
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cuda", "--examples", str(3 * count),
+                           "--seed", "1", "-q", "--workers", str(count), "--gpu-share", "--report-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [w["cuda_visible_devices"] for w in summary["workers"]] == gpus * 2
+    assert summary["cases"] == sum(w["cases"] for w in summary["workers"]) > 0

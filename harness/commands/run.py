@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--workers", default="1", help="N | auto: N campaign processes, each on its own part of the "
                                                     "stream and pinned to its own GPU (auto: one per visible GPU on "
                                                     "cuda, one per core on cpu), merged into one report")
+    parser.add_argument("--gpu-share", action="store_true",
+                        help="with --device cuda, allow more --workers than GPUs: workers share the GPUs round robin "
+                             "(a campaign is mostly host work, so a GPU serves several)")
     parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
                      help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
                           "there, and failures saved there by other hosts replay here (repeatable)")
@@ -84,14 +87,20 @@ def run(args) -> int:
         flag = "--from-db" if args.from_db else "--example-db"
         raise InvalidArgument(f"{flag}: the {args.profile!r} profile is derandomized and keeps no example database "
                               "(dev and nightly do, and so does any profile with --seed)")
+    if args.gpu_share and args.workers == "1":
+        raise InvalidArgument("--gpu-share: workers share GPUs only with --device cuda and --workers N|auto "
+                              "(here --workers 1)")
     device = resolve_device(args.device)
+    if args.gpu_share and device != "cuda":
+        raise InvalidArgument(f"--gpu-share: workers share GPUs only with --device cuda and --workers N|auto "
+                              f"(here --device {device})")
     isolate_s = _isolate(args.isolate, device)
     oracles = parse_oracles(args.oracles)
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
         refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
     target = load_target(args.target, mutant=args.mutant)
-    in_workers, gpus, count = worker_plan(args.workers, device)
+    in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
     if in_workers and args.from_db:
         raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
     verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
@@ -165,14 +174,14 @@ def time_shares(spent: dict[str, float]) -> str:
     return ", ".join(f"{phase} {share:.0%}" for phase, _, share in time_rows(spent) if share >= 0.005)
 
 
-def worker_plan(spec: str, device: str) -> tuple[bool, Optional[list[str]], int]:
+def worker_plan(spec: str, device: str, *, share: bool = False) -> tuple[bool, Optional[list[str]], int]:
     """Whether the campaign runs in worker processes, the GPUs they are pinned to, and how many. Any
     `--workers` but the default 1 is asked for: even one worker runs apart, pinned, and is listed in the
     report. The default runs in this process and needs no GPU listing (NVML) at all."""
     if spec == "1":
         return False, None, 1
     gpus = visible_gpus() if device == "cuda" else None
-    return True, gpus, worker_count(spec, device, gpus)
+    return True, gpus, worker_count(spec, device, gpus, share=share)
 
 
 def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_dir, stop) -> dict:
