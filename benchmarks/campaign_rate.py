@@ -1,0 +1,69 @@
+"""Cases per second of a whole campaign, `python -m harness run` as a user starts it (isolated, as
+by default on CUDA), in one process and in worker processes (`--workers N`, sharing the GPUs on CUDA
+with `--gpu-share`), measured in one run: the ratio is what the workers gain on this host.
+
+A campaign's case is mostly host work (drawing, the observer, the oracles) and, on CUDA, GPU sleeps
+that widen the race windows; one process keeps one core busy and the GPU mostly idle. The table
+gives each run's wall time (process start-up included), its rate, and where its time went
+(`summary.json`'s `time`, summed over the workers).
+
+    python benchmarks/campaign_rate.py [--device cpu|cuda] [--examples N] [--seed S] [--workers 1,2,4]
+                                       [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def campaign(device: str, examples: int, seed: int, workers: int, folder: Path) -> dict:
+    command = [sys.executable, "-m", "harness", "run", "--device", device, "--examples", str(examples),
+               "--seed", str(seed), "--report-dir", str(folder), "-q"]
+    if workers > 1:
+        command += ["--workers", str(workers)] + (["--gpu-share"] if device == "cuda" else [])
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+    summary = json.loads((folder / "summary.json").read_text())
+    spent = summary.get("time") or {}
+    return {"workers": workers, "wall_s": round(wall, 2), "cases": summary["cases"],
+            "cases_per_second": round(summary["cases"] / wall, 2),
+            "campaign_cases_per_second": summary["cases_per_second"], "findings": len(summary["findings"]),
+            "time": spent}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--examples", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", default="1,2,4", help="comma-separated worker counts (1: one process)")
+    parser.add_argument("--out", default="benchmarks/campaign_rate.json")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.workers.split(",")]
+    rows = []
+    print(f"{'workers':>7} {'wall s':>7} {'cases':>6} {'cases/s':>8} {'vs 1':>5} {'findings':>8}  where the time went")
+    with tempfile.TemporaryDirectory() as scratch:
+        for n in counts:
+            row = campaign(args.device, args.examples, args.seed, n, Path(scratch) / f"w{n}")
+            rows.append(row)
+            base = rows[0]["cases_per_second"]
+            total = sum(row["time"].values()) or 1.0
+            shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(row["time"].items(), key=lambda kv: -kv[1])
+                               if v / total >= 0.02)
+            print(f"{n:>7} {row['wall_s']:>7.1f} {row['cases']:>6} {row['cases_per_second']:>8.2f} "
+                  f"{row['cases_per_second'] / base:>5.2f} {row['findings']:>8}  {shares}")
+    Path(args.out).write_text(json.dumps({"device": args.device, "examples": args.examples, "seed": args.seed,
+                                          "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
