@@ -108,9 +108,16 @@ def test_a_device_without_an_index_is_the_one_its_tensors_are_on():
 def test_a_target_that_writes_into_its_inputs_does_not_change_the_shared_world():
     world = build_world(SMALL, 0, PoolSizes.for_case(SMALL))
     batch = make_forward_batch(world, SMALL, torch.device("cpu"))
-    batch.q.zero_()
-    batch.kv_new.zero_()
+    before = make_forward_batch(world, SMALL, torch.device("cpu"))
+    for tensor in vars(batch).values():
+        if isinstance(tensor, torch.Tensor):
+            tensor.zero_()
     assert world.q.abs().sum() > 0 and world.latents[0].abs().sum() > 0
+    again = make_forward_batch(world, SMALL, torch.device("cpu"))  # the inputs derived once, copied per run
+    for name, tensor in vars(before).items():
+        if isinstance(tensor, torch.Tensor):
+            assert torch.equal(getattr(again, name), tensor), name
+    assert before.positions.abs().sum() > 0 and before.compressed_new.abs().sum() > 0
 
 
 def _all_tensors(world):
