@@ -3,9 +3,12 @@ alone (`harness.model.attention.reference_attention`), which never reads the tab
 
 from __future__ import annotations
 
+import torch
+
 from harness.case import Case
 from harness.findings import Finding, RunRecord
 from harness.model.attention import reference_attention
+from harness.model.pools import to_device
 from harness.oracles.registry import Judged, oracle
 
 FLOAT64_ATOL = 1e-4
@@ -35,10 +38,13 @@ def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
             continue
         got = outputs["attention"]
         rows = _rows_to_check(world.num_tokens)
-        for layer in range(len(case.dims.layer_ratios)):
-            want = reference_attention(world, layer, rows=rows)
-            err = (got[layer, rows].double() - want).abs()
-            worst = float(err.max()) if err.numel() else 0.0
+        picked = to_device(torch.tensor(rows), got.device)
+        errors = [(got[layer].index_select(0, picked).double() - reference_attention(world, layer, rows=rows)).abs()
+                  for layer in range(len(case.dims.layer_ratios))]
+        # One read of every layer's worst error: the device computes the next layer's reference while
+        # the host issues it, instead of waiting for each layer's maximum in turn.
+        worst_per_layer = torch.stack([e.max() for e in errors]).tolist() if rows else [0.0] * len(errors)
+        for layer, (err, worst) in enumerate(zip(errors, worst_per_layer, strict=True)):
             if not worst <= FLOAT64_ATOL:  # NaN fails too
                 flat = int(err.flatten().nan_to_num(float("inf")).argmax())
                 row = rows[flat // (err.shape[1] * err.shape[2])]
