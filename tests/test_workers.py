@@ -22,8 +22,8 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
 
 
 @pytest.mark.parametrize("spec, device, gpus, error, needle", [
-    ("4", "cuda", ["0", "1"], InvalidArgument, "2 GPU(s) visible (0,1), one per worker; use --workers 2 or auto, "
-                                              "or --gpu-share"),
+    ("4", "cuda", ["0", "1"], InvalidArgument,
+     "2 GPU(s) visible (0,1), one per worker; use --workers 2 or auto, or --gpu-share"),
     ("auto", "cuda", [], EnvironmentBroken, "no GPU is visible"),
     ("two", "cpu", None, InvalidArgument, "--workers='two': auto or a number of workers > 0"),
     ("0", "cpu", None, InvalidArgument, "--workers='0'"),

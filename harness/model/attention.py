@@ -6,6 +6,7 @@ virtual key of value 0, and -1 entries in an index row skipped.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -49,13 +50,14 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
     # The rows in request order, so that each request's rows are one slice; the host's lists go to the
     # device in one copy, not one per slice (a copy from pageable memory waits for the stream).
     order = sorted(range(len(wanted)), key=lambda i: token_rows[wanted[i]][0])
-    plan = to_device(torch.tensor([[i for i in order], [wanted[i] for i in order],
-                                   [token_rows[wanted[i]][1] for i in order]], dtype=torch.int64), device)
+    plan = to_device(torch.tensor([order, [wanted[i] for i in order], [token_rows[wanted[i]][1] for i in order]],
+                                  dtype=torch.int64), device)
     results = []
     window = torch.arange(dims.swa_window, device=device)
     step = REFERENCE_ROWS_PER_STEP["cpu" if device.type == "cpu" else "gpu"]
     start = 0
-    for r, count in _runs(token_rows[wanted[i]][0] for i in order):
+    for r, group in itertools.groupby(token_rows[wanted[i]][0] for i in order):
+        count = len(list(group))
         latents = world.latents[r][layer].double()
         blocks = world.block_means(r, layer, ratio).double() if ratio else latents[:0]
         request_keys = torch.cat([blocks, latents])
@@ -90,17 +92,6 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
     if results:
         out.index_copy_(0, plan[0], torch.cat(results))
     return out
-
-
-def _runs(values):
-    """(value, length) for each run of equal values."""
-    runs: list[list] = []
-    for v in values:
-        if runs and runs[-1][0] == v:
-            runs[-1][1] += 1
-        else:
-            runs.append([v, 1])
-    return [tuple(run) for run in runs]
 
 
 # Rows gathered at once: on the CPU real sizes stay near 100 MB of float64 keys; a GPU takes the
