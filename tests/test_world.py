@@ -13,6 +13,7 @@ import torch
 
 from harness.case import Batch, Case, Dims, Mutation, Request
 from harness.engine import run_case
+from harness.model import attention
 from harness.model.attention import reference_attention
 from harness.oracles.float64 import FLOAT64_ATOL
 from harness.targets.reference import ReferenceTarget, make_forward_batch
@@ -62,11 +63,13 @@ LONG = Case(dims=Dims(heads=4, head_dim=16, swa_window=8, index_topk=4, index_di
             batches=(Batch(requests=(Request(0, 7), Request(300, 45), Request(2, 1))),))
 
 
+@pytest.mark.parametrize("scores_per_step", [attention.MASKED_SCORES_PER_STEP, 4 * 300], ids=["one-step", "row-steps"])
 @pytest.mark.parametrize("case", [WIDE, LONG], ids=["wide", "long"])
-def test_masked_keys_give_the_gathered_keys_sums(case):
+def test_masked_keys_give_the_gathered_keys_sums(case, scores_per_step, monkeypatch):
     """The GPU's way (every key of the request, masked) against the CPU's (each row's keys gathered), on
     rows out of order, both ends of each request, and a request of one token: the same sums in another
     order, so equal to float64 rounding; a key set wrong by one (window or top-k) would be off by far more."""
+    monkeypatch.setattr(attention, "MASKED_SCORES_PER_STEP", scores_per_step)  # the second: a step of 1-3 rows
     world = build_world(case, 0, PoolSizes.for_case(case))
     rows = sorted(range(world.num_tokens), key=lambda t: (t * 7919) % world.num_tokens)
     for layer in range(len(case.dims.layer_ratios)):

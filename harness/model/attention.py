@@ -61,8 +61,10 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
         latents = world.latents[r][layer].double()
         blocks = world.block_means(r, layer, ratio).double() if ratio else latents[:0]
         request_keys = torch.cat([blocks, latents])
-        for chunk in range(start, start + count, step):
-            part = slice(chunk, min(chunk + step, start + count))
+        rows_per_step = step if keys == "gathered" else max(  # masked: rows x heads x all the request's keys
+            1, min(step, MASKED_SCORES_PER_STEP // (dims.heads * request_keys.shape[0])))
+        for chunk in range(start, start + count, rows_per_step):
+            part = slice(chunk, min(chunk + rows_per_step, start + count))
             t, pos = plan[1, part], plan[2, part]
             chosen = chosen_blocks(world, r, t, (pos + 1) // ratio, ratio) if ratio else None
             queries = world.q[layer].index_select(0, t).double()
@@ -97,6 +99,9 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
 # Rows gathered at once: on the CPU real sizes stay near 100 MB of float64 keys; a GPU takes the
 # float64 oracle's 256 rows of a layer in one step (about 0.7 GB of keys at real sizes, gathered).
 REFERENCE_ROWS_PER_STEP = {"cpu": 32, "gpu": 256}
+# Masked keys: fewer rows at once for a long request, so that a chunk's float64 scores (and the weights
+# made from them) stay near 1 GiB each; 256 rows of real heads reach it at about 8k keys.
+MASKED_SCORES_PER_STEP = 1 << 27
 
 
 def chosen_blocks(world, r: int, rows: torch.Tensor, visible: torch.Tensor, ratio: int) -> torch.Tensor:
