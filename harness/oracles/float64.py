@@ -38,7 +38,7 @@ def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
             continue
         got = outputs["attention"]
         rows = _rows_to_check(world.num_tokens)
-        picked = to_device(torch.tensor(rows), got.device)
+        picked = to_device(torch.tensor(rows, dtype=torch.int64), got.device)
         errors = [(got[layer].index_select(0, picked).double() - reference_attention(world, layer, rows=rows)).abs()
                   for layer in range(len(case.dims.layer_ratios))]
         # One read of every layer's worst error: the device computes the next layer's reference while
