@@ -66,7 +66,9 @@ def visible_gpus() -> list[str]:
 
 def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, share: bool = False) -> int:
     """`auto`: one per visible GPU on CUDA, one per core on the CPU; a number is taken as it is, but
-    on CUDA never more workers than GPUs (each worker has a GPU of its own) unless `share`."""
+    on CUDA never more workers than GPUs (each worker has a GPU of its own) unless `share`. `auto`
+    with `share`: one worker per two cores (each worker is two processes, itself and the child that
+    judges its cases), at least one per GPU."""
     if spec != "auto" and not (spec.isdigit() and int(spec) > 0):
         raise InvalidArgument(f"--workers={spec!r}: auto or a number of workers > 0")
     if device != "cuda":
@@ -74,7 +76,10 @@ def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, sh
     if not gpus:
         raise EnvironmentBroken("--workers on --device cuda: no GPU is visible (CUDA_VISIBLE_DEVICES hides them all, "
                                 "or NVML sees none)")
-    count = len(gpus) if spec == "auto" else int(spec)
+    if spec == "auto":
+        count = max(len(gpus), cpu_cores() // 2) if share else len(gpus)
+    else:
+        count = int(spec)
     if count > len(gpus) and not share:
         raise InvalidArgument(f"--workers={spec}: {len(gpus)} GPU(s) visible ({','.join(gpus)}), one per worker; "
                               f"use --workers {len(gpus)} or auto, or --gpu-share to let workers share GPUs")

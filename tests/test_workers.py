@@ -11,6 +11,7 @@ import pytest
 from harness.commands import run as run_command
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sharding import Shard
+from harness import workers as workers_module
 from harness.workers import cpu_cores, plan, worker_count
 from reports.folder import load_folder
 
@@ -33,9 +34,13 @@ def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
         worker_count(spec, device, gpus)
 
 
-def test_workers_share_gpus_round_robin_only_when_asked(tmp_path):
+def test_workers_share_gpus_round_robin_only_when_asked(tmp_path, monkeypatch):
     assert worker_count("5", "cuda", ["0", "1"], share=True) == 5
-    assert worker_count("auto", "cuda", ["0", "1"], share=True) == 2  # auto stays one per GPU
+    monkeypatch.setattr(workers_module, "cpu_cores", lambda: 16)
+    assert worker_count("auto", "cuda", ["0"], share=True) == 8  # one per two cores: a worker and its child
+    assert worker_count("auto", "cuda", ["0", "1"]) == 2
+    monkeypatch.setattr(workers_module, "cpu_cores", lambda: 2)
+    assert worker_count("auto", "cuda", ["0", "1", "2"], share=True) == 3  # never fewer than one per GPU
     workers = plan(5, Shard(1, 1), tmp_path, ["0", "1"])
     assert [w.cuda_visible_devices for w in workers] == ["0", "1", "0", "1", "0"]
 

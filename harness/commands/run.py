@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
                                                     "cuda, one per core on cpu), merged into one report")
     parser.add_argument("--gpu-share", action="store_true",
                         help="with --device cuda, allow more --workers than GPUs: workers share the GPUs round robin "
-                             "(a campaign is mostly host work, so a GPU serves several)")
+                             "(a campaign is mostly host work, so a GPU serves several); with --workers auto, one "
+                             "worker per two cores")
     parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
                      help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
                           "there, and failures saved there by other hosts replay here (repeatable)")
