@@ -38,8 +38,9 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
       not attend to: two plain matrix products, fewer launches, no gathered copy per row;
     - None (the default): gathered on the CPU; on a GPU masked for a request of at most
       `MASKED_LATENTS_PER_WINDOW` windows of latents and gathered beyond (on an H200 at real head
-      sizes masked took 2.9 ms against 3.5 ms for 300 tokens, the same at 600, 4.9 against 3.3 at
-      1200 and 82 against 12 at 30000, for the float64 oracle's rows of three layers).
+      sizes masked took 2.9 ms against 3.5 ms for 300 tokens, the same at 600, 4.9 against 5.4 for
+      requests of 900 and 312, 4.9 against 3.3 at 1200 and 82 against 12 at 30000, for the float64
+      oracle's rows of three layers, window 128).
     """
     dims, device = world.dims, world.device
     if keys not in (None, "gathered", "masked"):
@@ -106,7 +107,7 @@ REFERENCE_ROWS_PER_STEP = {"cpu": 32, "gpu": 256}
 # Masked keys: fewer rows at once for a long request, so that a chunk's float64 scores (and the weights
 # made from them) stay near 1 GiB each; 256 rows of real heads reach it at about 8k keys.
 MASKED_SCORES_PER_STEP = 1 << 27
-MASKED_LATENTS_PER_WINDOW = 4  # the default's bound: masked keys for a request of up to 4 windows of latents
+MASKED_LATENTS_PER_WINDOW = 8  # the default's bound: masked keys for a request of up to 8 windows of latents
 
 
 def chosen_blocks(world, r: int, rows: torch.Tensor, visible: torch.Tensor, ratio: int) -> torch.Tensor:
