@@ -37,7 +37,7 @@ def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
         if "attention" not in outputs or world.num_tokens == 0:
             continue
         got = outputs["attention"]
-        rows = _rows_to_check(world.num_tokens)
+        rows = rows_to_check(world.num_tokens)
         picked = to_device(torch.tensor(rows, dtype=torch.int64), got.device)
         errors = [(got[layer].index_select(0, picked).double() - reference_attention(world, layer, rows=rows)).abs()
                   for layer in range(len(case.dims.layer_ratios))]
@@ -58,7 +58,8 @@ def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
     return out
 
 
-def _rows_to_check(total: int) -> list[int]:
+def rows_to_check(total: int) -> list[int]:
+    """The token rows the oracle checks in a batch of `total`: all of them, or both ends and an even sample."""
     if total <= FLOAT64_MAX_ROWS:
         return list(range(total))
     step = total / (FLOAT64_MAX_ROWS - 2)
