@@ -52,8 +52,8 @@ def main() -> None:
     rows = []
     print(f"{'workers':>7} {'wall s':>7} {'cases':>6} {'cases/s':>8} {'vs 1':>5} {'findings':>8}  where the time went")
     with tempfile.TemporaryDirectory() as scratch:
-        for n in counts:
-            row = campaign(args.device, args.examples, args.seed, n, Path(scratch) / f"w{n}")
+        for index, n in enumerate(counts):
+            row = campaign(args.device, args.examples, args.seed, n, Path(scratch) / f"run{index}-w{n}")
             rows.append(row)
             base = rows[0]["cases_per_second"]
             total = sum(row["time"].values()) or 1.0
