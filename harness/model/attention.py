@@ -104,8 +104,9 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
 # Rows gathered at once: on the CPU real sizes stay near 100 MB of float64 keys; a GPU takes the
 # float64 oracle's 256 rows of a layer in one step (about 0.7 GB of keys at real sizes, gathered).
 REFERENCE_ROWS_PER_STEP = {"cpu": 32, "gpu": 256}
-# Masked keys: fewer rows at once for a long request, so that a chunk's float64 scores (and the weights
-# made from them) stay near 1 GiB each; 256 rows of real heads reach it at about 8k keys.
+# Masked keys: fewer rows at once for a long request, so that a chunk's float64 scores stay near 1 GiB
+# (with the masked copy, the exponentials and the weights alive at once, about 5 GiB at the peak); 256
+# rows of real heads reach it at about 8k keys. The default uses masked keys only up to 1024 latents.
 MASKED_SCORES_PER_STEP = 1 << 27
 MASKED_LATENTS_PER_WINDOW = 8  # the default's bound: masked keys for a request of up to 8 windows of latents
 
