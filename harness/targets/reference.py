@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -142,7 +143,8 @@ def _forward_inputs(world: BatchWorld) -> dict[str, torch.Tensor]:
     wide = to_device(torch.cat(wide), device).split([len(w) for w in wide])
     narrow = to_device(torch.tensor(
         list(world.req_pool_idx) + [r.seq_len for r in reqs] + [r.extend_len for r in reqs]
-        + ([0] + list(_prefix_sums([r.extend_len for r in reqs])))[:-1], dtype=torch.int32), device).view(4, len(reqs))
+        + list(itertools.accumulate([r.extend_len for r in reqs], initial=0))[:-1], dtype=torch.int32),
+        device).view(4, len(reqs))
     compressed_new = torch.zeros(layers, t, dims.head_dim, device=device)
     index_k_new = torch.zeros(t, dims.index_dim, device=device)
     for (layer, ratio, r, _, _), rows_at, blocks in zip(completed, wide[1::2], wide[2::2], strict=True):
@@ -155,13 +157,6 @@ def _forward_inputs(world: BatchWorld) -> dict[str, torch.Tensor]:
             "extend_start_loc": narrow[3], "positions": wide[0][:t], "out_cache_loc": wide[0][t:],
             "input_ids": torch.arange(t, device=device), "q": world.q, "kv_new": kv_new,
             "compressed_new": compressed_new, "index_k_new": index_k_new, "q_index": world.q_index}
-
-
-def _prefix_sums(values):
-    total = 0
-    for v in values:
-        total += v
-        yield total
 
 
 class ReferenceTarget(Target):
