@@ -119,10 +119,9 @@ class BatchWorld:
     q_index: torch.Tensor  # [T, index_dim], small integers
     sink: torch.Tensor  # [layers, H]
     seed: int
-    _blocks: dict = field(default_factory=dict, repr=False)
-    # Tensors derived from the world once and then shared by its runs, which never write them: the KV
-    # contents (`kv_contents`) and what a target builds from the world every run (its load's index
-    # tensors, its forward batch's inputs), by name.
+    # Tensors derived from the world once and then shared by its runs, which never write them: the block
+    # means, the KV contents (`kv_contents`) and what a target builds from the world every run (its
+    # load's index tensors, its forward batch's inputs), by name.
     derived: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -140,11 +139,11 @@ class BatchWorld:
 
     def block_means(self, r: int, layer: int, ratio: int) -> torch.Tensor:
         """Compressed entries [seq_len // ratio, D]: a block's mean latent (the compressor is not modelled)."""
-        key = (r, layer, ratio)
-        if key not in self._blocks:
+        key = ("block_means", r, layer, ratio)
+        if key not in self.derived:
             n = self.batch.requests[r].seq_len // ratio
-            self._blocks[key] = self.latents[r][layer, : n * ratio].reshape(n, ratio, self.dims.head_dim).mean(dim=1)
-        return self._blocks[key]
+            self.derived[key] = self.latents[r][layer, : n * ratio].reshape(n, ratio, self.dims.head_dim).mean(dim=1)
+        return self.derived[key]
 
 
 def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> BatchWorld:
