@@ -126,8 +126,8 @@ def _forward_inputs(world: BatchWorld) -> dict[str, torch.Tensor]:
     """The forward batch's tensors on the world's device; the host's integers go there in two copies."""
     dims, reqs, device = world.dims, world.batch.requests, world.device
     layers, t = len(dims.layer_ratios), world.num_tokens
-    positions = [p for r in reqs for p in range(r.prefix_len, r.seq_len)]
-    out_loc = [world.full_slots[i][p] for i, r in enumerate(reqs) for p in range(r.prefix_len, r.seq_len)]
+    positions = [pos for _, pos in world.token_rows]
+    out_loc = [world.full_slots[r][pos] for r, pos in world.token_rows]
     # Where each completed compressed block lands: per (layer, request), the batch rows and the blocks.
     completed, start = [], 0
     for r, req in enumerate(reqs):
