@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.commands.run import time_shares
+
 
 def campaign(device: str, examples: int, seed: int, workers: int, folder: Path) -> dict:
     command = [sys.executable, "-m", "harness", "run", "--device", device, "--examples", str(examples),
@@ -50,17 +52,14 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     rows = []
-    print(f"{'workers':>7} {'wall s':>7} {'cases':>6} {'cases/s':>8} {'vs 1':>5} {'findings':>8}  where the time went")
+    print(f"{'workers':>7} {'wall s':>7} {'cases':>6} {'cases/s':>8} {'vs 1st':>6} {'findings':>8}  where the time went")
     with tempfile.TemporaryDirectory() as scratch:
         for index, n in enumerate(counts):
             row = campaign(args.device, args.examples, args.seed, n, Path(scratch) / f"run{index}-w{n}")
             rows.append(row)
             base = rows[0]["cases_per_second"]
-            total = sum(row["time"].values()) or 1.0
-            shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(row["time"].items(), key=lambda kv: -kv[1])
-                               if v / total >= 0.02)
             print(f"{n:>7} {row['wall_s']:>7.1f} {row['cases']:>6} {row['cases_per_second']:>8.2f} "
-                  f"{row['cases_per_second'] / base:>5.2f} {row['findings']:>8}  {shares}")
+                  f"{row['cases_per_second'] / base:>6.2f} {row['findings']:>8}  {time_shares(row['time'])}")
     Path(args.out).write_text(json.dumps({"device": args.device, "examples": args.examples, "seed": args.seed,
                                           "rows": rows}, indent=2) + "\n")
 
