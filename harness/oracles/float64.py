@@ -43,7 +43,7 @@ def float64_oracle(case: Case, run: RunRecord) -> list[Finding]:
                   for layer in range(len(case.dims.layer_ratios))]
         # One read of every layer's worst error: the device computes the next layer's reference while
         # the host issues it, instead of waiting for each layer's maximum in turn.
-        worst_per_layer = torch.stack([e.max() for e in errors]).tolist() if rows else [0.0] * len(errors)
+        worst_per_layer = torch.stack([e.max() for e in errors]).tolist()
         for layer, (err, worst) in enumerate(zip(errors, worst_per_layer, strict=True)):
             if not worst <= FLOAT64_ATOL:  # NaN fails too
                 flat = int(err.flatten().nan_to_num(float("inf")).argmax())
