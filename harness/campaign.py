@@ -93,10 +93,13 @@ class CampaignResult:
     coverage: Coverage = dataclasses.field(default_factory=Coverage)
     failures: list[CaseResult] = dataclasses.field(default_factory=list)  # --keep-going: each distinct one, shrunk
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, summed over the judged cases
+    race_gates: dict[str, int] = dataclasses.field(default_factory=dict)  # CUDA: how the gates opened, counted
 
     def add_phases(self, judged) -> None:
         for name, seconds in judged.phases().items():
             self.phases[name] = self.phases.get(name, 0.0) + seconds
+        for gate in judged.overlapped.race_window.get("gates", ()):
+            self.race_gates[gate["opened_by"]] = self.race_gates.get(gate["opened_by"], 0) + 1
 
     def time_breakdown(self) -> dict[str, float]:
         """Where the campaign's `duration_s` went: each judged case's phases (`findings.PHASES`, and
@@ -132,6 +135,7 @@ class CampaignResult:
             "shrink_seconds": None if self.shrink_seconds is None else round(self.shrink_seconds, 3),
             "coverage": self.coverage.to_dict(),
             "time": self.time_breakdown(),
+            "race_gates": dict(self.race_gates),
         }
 
 

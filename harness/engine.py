@@ -62,8 +62,8 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
                         if barriered else (lambda: None))
         began = time.perf_counter()
         if not barriered and case.delay_cycles:
-            # The forward stream is still busy with the previous batch: a scheduler that does not
-            # wait for this batch's event (or waits on the wrong one) then really overtakes its reads.
+            # The forward stream is held before the forward: a scheduler that does not wait for this
+            # batch's event (or waits on the wrong one) then really overtakes its reads.
             with device.stream(device.forward_stream):
                 device.delay(case.delay_cycles)
         try:
@@ -95,7 +95,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     record.schedule = schedule if forced is None else forced
     record.decisions = [(d.chosen, d.options) for d in device.decisions]
     record.delays = list(device.delays)
-    record.delay_seconds = sum(device.cycles_to_ms(c) or 0.0 for c in record.delays) / 1e3
+    record.delay_seconds = device.race_delay_seconds()
     record.race_window = device.race_window()
     return record
 

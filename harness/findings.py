@@ -52,7 +52,7 @@ class RunRecord:
     sut_seconds: float = 0.0  # inside the target's step and the device's execution of it
     setup_seconds: float = 0.0  # inside the target's own open and load (its pools and its forward batch)
     copy_seconds: float = 0.0  # copying the outputs and the KV pools the oracles compare
-    delay_seconds: float = 0.0  # of sut_seconds, the injected race delays' sleeps (CUDA; none on the simulator)
+    delay_seconds: float = 0.0  # of sut_seconds, the host's wait before opening the race gates (CUDA; none on the simulator)
 
 
 # Where a judged case's time went, in seconds: the keys of CaseResult.phases(), in this order.
@@ -73,8 +73,8 @@ class CaseResult:
 
     def phases(self) -> dict[str, float]:
         """Where this case's `seconds` went (PHASES): the forwards include the device's execution of them;
-        `race_delay` is the GPU's sleep the overlapped run injects to widen its race window (at most
-        the time its forward took: the host may have overlapped some of it)."""
+        `race_delay` is the time the host held the overlapped run's race gates open after it was done
+        issuing, for the scheduler's work to land (CUDA: `harness.device.gates`)."""
         delay = min(self.overlapped.delay_seconds, self.overlapped.sut_seconds)
         known = {"world": self.world_seconds,
                  "target_setup": self.overlapped.setup_seconds + self.barriered.setup_seconds,

@@ -311,6 +311,18 @@ class HappensBefore:
             and (access.is_write or not prior.is_write)
         )
 
+    def mark(self, stream: StreamId) -> SeqNum:
+        """A point in the stream's program order that touches nothing (a gate the device holds the
+        stream at): events recorded on the stream after it, and streams that wait for them, know it."""
+        seq = next(self._seqs)
+        self._clock(stream)[stream] = seq
+        return seq
+
+    def reached(self, stream: StreamId, other: StreamId, seq: SeqNum) -> bool:
+        """Whether `stream`'s work issued so far is ordered after `other`'s operation `seq`: it then
+        cannot run on before `other` has run past that point."""
+        return self._streams.get(stream, {}).get(other, 0) >= seq
+
     def record(self, event: EventId, stream: StreamId) -> None:
         self._events[event] = dict(self._clock(stream))
 

@@ -176,6 +176,9 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
     time_spent = check.need(data, "time", "object", where, optional=True)
     for phase in time_spent or {}:
         check.need(time_spent, phase, "number", f"{where}time.")
+    race_gates = check.need(data, "race_gates", "object", where, optional=True)
+    for way in race_gates or {}:
+        check.need(race_gates, way, "int", f"{where}race_gates.")
     check.need(data, "cuda_visible_devices", "str", where, optional=True)
     list(check.items(data, "shards_missing", where, optional=True, kind="int"))
     for prefix, row in check.items(data, "workers", where, optional=True):

@@ -117,6 +117,10 @@ def merge_summaries(sources: list[tuple[str, dict]], *, duration_s: float | None
     if times:  # seconds summed over the sources (worker processes' time, not the run's wall time)
         merged["time"] = {phase: round(sum(t.get(phase, 0.0) for t in times), 3) for phase in dict.fromkeys(
             phase for t in times for phase in t)}
+    gates = [s["race_gates"] for _, s in sources if s.get("race_gates")]
+    if gates:  # how the CUDA race gates opened, counted over the sources
+        merged["race_gates"] = {way: sum(g.get(way, 0) for g in gates) for way in dict.fromkeys(
+            way for g in gates for way in g)}
     telemetry = [s["telemetry"] for _, s in sources if s.get("telemetry")]
     if any(t["gpus"] for t in telemetry):
         merged["telemetry"] = {"gpus": [g for t in telemetry for g in t["gpus"]],

@@ -110,6 +110,26 @@ def test_multiple_waits(hb: HappensBefore) -> None:
     ok(hb, stream(3), reads={"a": WHOLE, "b": WHOLE})
 
 
+def test_a_stream_reaches_a_mark_only_through_an_event_recorded_after_it(hb: HappensBefore) -> None:
+    hb.record(event(1), stream(1))  # before the mark: waiting for it needs nothing past the mark
+    gate = hb.mark(stream(1))
+    hb.record(event(2), stream(1))  # right after the mark, with no operation in between
+    hb.wait(stream(2), event(1))
+    assert not hb.reached(stream(2), stream(1), gate)
+    hb.wait(stream(3), event(2))
+    assert hb.reached(stream(3), stream(1), gate)
+    hb.record(event(3), stream(3))
+    hb.wait(stream(4), event(3))  # through a third stream
+    assert hb.reached(stream(4), stream(1), gate)
+    assert not hb.reached(stream(5), stream(1), gate)  # a stream never seen
+
+
+def test_a_mark_touches_nothing(hb: HappensBefore) -> None:
+    ok(hb, stream(1), writes={"a": WHOLE})
+    hb.mark(stream(2))
+    bad(hb, stream(2), reads={"a": WHOLE})
+
+
 def test_wait_on_never_recorded_event_is_noop(hb: HappensBefore) -> None:
     ok(hb, stream(1), writes={"a": WHOLE})
     hb.wait(stream(2), event(1))

@@ -123,6 +123,12 @@ def run(args) -> int:
               f"{row['cases']} cases, {row['cases_per_second']} cases/s")
     if summary.get("time") and not args.quiet:
         print(f"  time: {time_shares(summary['time'])}")
+    gates = summary.get("race_gates") or {}
+    if gates and not args.quiet:
+        print("  race gates: " + ", ".join(f"{count} {way}" for way, count in sorted(gates.items())))
+    if gates.get("deadline"):
+        print(f"  warning: {gates['deadline']} race gate(s) opened at their deadline, before the host was done "
+              "issuing: those windows may have closed before the scheduler's work landed", file=sys.stderr)
     failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
     for finding in summary["findings"]:
         failures.setdefault(finding["replay"], []).append(finding)

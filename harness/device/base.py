@@ -70,7 +70,7 @@ class Device:
         self.current_stream = self.forward_stream
         self._capturing: Optional[GraphCapture] = None
         self.delays: list[int] = []
-        self.race_delay = 0  # cycles the forward stream sleeps right after recording an event
+        self.race_delay = 0  # cycles the forward stream is held at most right after recording an event
         self._recorded_at: Optional[float] = None
         self.issue_gaps: list[float] = []  # host seconds from a forward-stream event to the next scheduler launch
 
@@ -180,6 +180,10 @@ class Device:
         """Only a real device has a clock to calibrate; the simulator's delay is an ordering, not a time."""
         return None
 
+    def race_delay_seconds(self) -> float:
+        """Host seconds this run spent holding race windows open (CUDA's gates); none on the simulator."""
+        return 0.0
+
     def wait_event(self, stream: Stream, event: Event) -> None:
         self.tracker.wait(stream.id, event.id)
         self._wait(stream, event)
@@ -241,7 +245,8 @@ class Device:
         raise NotImplementedError
 
     def delay(self, cycles: int) -> None:
-        """Hold the current stream (CUDA `_sleep`) so that a late read really loses the race."""
+        """Hold the current stream (CUDA: a race gate, at most as long as `cycles` of `_sleep`) so that
+        a late read really loses the race."""
 
     @property
     def torch_device(self):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 import warnings
 from typing import Callable, Iterator, Optional
 
 import torch
 
+from harness.device import gates
 from harness.device.base import Device, Event, GraphCapture, Stream
+
+GATE_POLL_S = 50e-6  # how often `open_gates` looks at the other streams' progress
 
 
 class CudaDevice(Device):
@@ -20,6 +24,9 @@ class CudaDevice(Device):
     def __init__(self, *, observe: bool = False) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._ids_by_native: dict[int, int] = {}
+        self._gates: list[gates.Gate] = []  # this run's race gates, in issue order
+        self._pending_gates: list[gates.Gate] = []
+        self._gate_wait_s = 0.0  # host seconds spent holding gates open for the scheduler's work to land
         super().__init__(observe)
         self._warm_up()
 
@@ -77,6 +84,7 @@ class CudaDevice(Device):
             self._streams[stream.id].wait_event(event.native)
 
     def _synchronize(self) -> None:
+        self.open_gates()
         torch.cuda.synchronize()
 
     # -- real CUDA graphs ------------------------------------------------------------------------
@@ -119,10 +127,63 @@ class CudaDevice(Device):
             graph.native.replay()
 
     def delay(self, cycles: int) -> None:
+        """A race gate (`harness.device.gates`) on the current stream, opened by `open_gates` or at
+        the latest after as long as `cycles` of `torch.cuda._sleep` would take."""
         if cycles:
             self.delays.append(cycles)
-            with torch.cuda.stream(self._streams[self.current_stream.id]):
-                torch.cuda._sleep(cycles)
+            stream = self.current_stream
+            seq = self.tracker.mark(stream.id)
+            gate = gates.hold(gates.gate_word(), self._streams[stream.id], stream.id, seq,
+                              self.cycles_to_ms(cycles) / 1e3)
+            self._gates.append(gate)
+            self._pending_gates.append(gate)
+
+    def open_gates(self) -> None:
+        """Opens the held gates in issue order, each once every other stream's work issued so far
+        has run, or what is still running is ordered after the held stream's work beyond the gate
+        (the tracker's clocks: it would wait for the gate forever). Called when the host is done
+        issuing, and before any host synchronisation, which would otherwise wait for the deadline."""
+        if not self._pending_gates:
+            return
+        began = time.perf_counter()
+        word = gates.gate_word()
+        probes = {}
+        for stream_id, native in self._streams.items():
+            probe = torch.cuda.Event()
+            torch._C._CudaEventBase.record(probe, native)  # the harness's own: not a target's event to track
+            probes[stream_id] = probe
+        for gate in self._pending_gates:
+            others = [probe_id for probe_id in probes if probe_id != gate.stream_id]
+            while True:
+                if word.is_open(gate.number):
+                    gate.opened_by = "deadline"
+                    break
+                running = [probe_id for probe_id in others if not probes[probe_id].query()]
+                if not running:
+                    gate.opened_by = "landed"
+                    break
+                if all(self.tracker.reached(probe_id, gate.stream_id, gate.seq) for probe_id in running):
+                    gate.opened_by = "awaited"
+                    break
+                time.sleep(GATE_POLL_S)
+            word.open(gate.number)
+            gate.timer.cancel()
+            gate.held_s = time.perf_counter() - gate.issued_at
+        self._pending_gates.clear()
+        self._gate_wait_s += time.perf_counter() - began
+
+    def race_delay_seconds(self) -> float:
+        return self._gate_wait_s
+
+    def race_window(self) -> dict:
+        """Also each gate's hold: open means no gate was opened by its deadline, so every one held
+        its stream until the scheduler's issued work had run or was waiting for it."""
+        window = super().race_window()
+        held = [gate for gate in self._gates if gate.opened_by is not None]
+        window["gates"] = [{"held_ms": gate.held_s * 1e3, "opened_by": gate.opened_by} for gate in held]
+        if held:
+            window["open"] = all(gate.opened_by != "deadline" for gate in held)
+        return window
 
     def _warm_up(self) -> None:
         """The first trial in a fresh process does not race (stream start-up): warm both streams,
@@ -177,14 +238,17 @@ def _synchronisations_observed(device: CudaDevice) -> Iterator[None]:
         _OBSERVING.tracker.wait(stream_id(stream), event.cuda_event)
 
     def observed_event_sync(event):
+        _OBSERVING.open_gates()
         event_sync(event)
         _OBSERVING.tracker.sync_event(event.cuda_event)
 
     def observed_stream_sync(stream):
+        _OBSERVING.open_gates()
         stream_sync(stream)
         _OBSERVING.tracker.sync_stream(stream_id(stream))
 
     def observed_device_sync(device_index=None):
+        _OBSERVING.open_gates()
         device_sync(device_index)
         _OBSERVING.tracker.sync_device()
 

@@ -1,0 +1,132 @@
+"""Race windows on CUDA: a stream held at a gate until the host opens it, with no kernel running.
+
+The overlapped run widens a race window by holding the forward stream (before a batch's forward,
+and right after each event it records) so that the scheduler's mutations, if nothing orders them
+after the forward's reads, really land first. That hold used to be a `torch.cuda._sleep` kernel of
+a fixed length (10 or 50 ms): the GPU spun for the whole time, though the scheduler's work had
+landed long before, and several processes sharing one GPU took turns through each other's spins.
+
+A gate is `cuStreamWaitValue32` (a CUDA driver stream memory operation) on a word of pinned host
+memory: the stream's work behind it waits for the word to reach the gate's number, and no kernel
+runs meanwhile. The device opens its gates when the host is done issuing a batch (`CudaDevice.
+open_gates`): each as soon as every other stream's work has run, or is itself waiting for the held
+stream beyond the gate (the scheduler that waits for the forward's event, as it should). A timer
+opens each gate at its deadline whatever happens, the old sleep's length: a host that blocks on the
+held stream inside the target (an implicit synchronisation) waits no longer than it did behind the
+sleep.
+
+The driver is reached through ctypes (torch exposes no stream memory operations). A driver
+without them is an `EnvironmentBroken` at the first gate, never a window silently left closed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from harness.errors import EnvironmentBroken
+
+__all__ = ["Gate", "GateWord", "gate_word"]
+
+_CU_STREAM_WAIT_VALUE_GEQ = 0x0  # wait until (int32)(*addr - value) >= 0
+_WAIT_VALUE_SYMBOLS = ("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+_HOST_POINTER_SYMBOLS = ("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
+
+
+@dataclass
+class Gate:
+    """One hold of a stream: opened by the host (`landed`: the other streams' work had run;
+    `awaited`: what is still running waits for the held stream beyond the gate) or by its timer
+    (`deadline`)."""
+
+    number: int  # the word's value that opens it
+    stream_id: int  # the harness stream it holds
+    seq: int  # its place in the tracker's program order of that stream (`HappensBefore.mark`)
+    issued_at: float  # host perf_counter seconds
+    timer: threading.Timer
+    opened_by: Optional[str] = None
+    held_s: Optional[float] = None  # host seconds from issue to opening
+
+
+class GateWord:
+    """The process's one word every gate waits on. Gate n opens when the word reaches n: gates are
+    numbered in issue order, and opening one opens every earlier one, so a late timer of an earlier
+    gate never closes a later one (`open` only raises the word)."""
+
+    def __init__(self) -> None:
+        driver = _driver()
+        self._wait_value = _symbol(driver, _WAIT_VALUE_SYMBOLS)
+        host_pointer = _symbol(driver, _HOST_POINTER_SYMBOLS)
+        self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self._cell = ctypes.c_uint32.from_address(self._host.data_ptr())
+        device_pointer = ctypes.c_uint64()
+        _check(host_pointer(ctypes.byref(device_pointer), ctypes.c_void_p(self._host.data_ptr()), ctypes.c_uint(0)),
+               "cuMemHostGetDevicePointer (the gate word's address on the GPU)")
+        self._device_pointer = device_pointer.value
+        self._issued = 0
+        self._lock = threading.Lock()
+
+    def hold(self, stream: torch.cuda.Stream) -> int:
+        """Holds `stream` from here until the gate the returned number names is opened."""
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a race gate inside a graph capture is not modelled; hold the stream before capture")
+        self._issued += 1
+        _check(self._wait_value(ctypes.c_void_p(stream.cuda_stream), ctypes.c_uint64(self._device_pointer),
+                                ctypes.c_uint32(self._issued), ctypes.c_uint(_CU_STREAM_WAIT_VALUE_GEQ)),
+               "cuStreamWaitValue32 (a race gate)")
+        return self._issued
+
+    def open(self, number: int) -> None:
+        """A plain store into pinned memory (no CUDA call): safe from the timer's thread."""
+        with self._lock:
+            if number > self._cell.value:
+                self._cell.value = number
+
+    def is_open(self, number: int) -> bool:
+        return self._cell.value >= number
+
+
+_WORD: Optional[GateWord] = None
+
+
+def gate_word() -> GateWord:
+    """The process's gate word, made at the first gate (CUDA is up by then)."""
+    global _WORD
+    if _WORD is None:
+        _WORD = GateWord()
+    return _WORD
+
+
+def hold(word: GateWord, stream: torch.cuda.Stream, stream_id: int, seq: int, deadline_s: float) -> Gate:
+    """A gate on `stream`, with its timer started: it opens after `deadline_s` at the latest."""
+    number = word.hold(stream)
+    timer = threading.Timer(deadline_s, word.open, (number,))
+    timer.daemon = True
+    timer.start()
+    return Gate(number, stream_id, seq, time.perf_counter(), timer)
+
+
+def _driver() -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise EnvironmentBroken(f"race gates need the CUDA driver library (libcuda.so.1): {exc}") from None
+
+
+def _symbol(driver: ctypes.CDLL, names: tuple[str, ...]):
+    for name in names:
+        function = getattr(driver, name, None)
+        if function is not None:
+            return function
+    raise EnvironmentBroken(f"race gates need the CUDA driver's {names[-1]} (stream memory operations, CUDA 11.7 or "
+                            "later); this driver has none of: " + ", ".join(names))
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise EnvironmentBroken(f"{what} failed with CUresult {result}")
