@@ -2,10 +2,10 @@
 by default on CUDA), in one process and in worker processes (`--workers N`, sharing the GPUs on CUDA
 with `--gpu-share`), measured in one run: the ratio is what the workers gain on this host.
 
-A campaign's case is mostly host work (drawing, the observer, the oracles) and, on CUDA, GPU sleeps
-that widen the race windows; one process keeps one core busy and the GPU mostly idle. The table
-gives each run's wall time (process start-up included), its rate, and where its time went
-(`summary.json`'s `time`, summed over the workers).
+A campaign's case is mostly host work (drawing, the observer, the oracles) and, on CUDA, the race
+gates that widen its windows; one process keeps one core busy and the GPU mostly idle. The table
+gives each run's wall time (process start-up included), its rate, the summary's own rate, where its
+time went (`summary.json`'s `time`, summed over the workers) and, on CUDA, how its race gates opened.
 
     python benchmarks/campaign_rate.py [--device cpu|cuda] [--examples N] [--seed S] [--workers 1,2,4]
                                        [--out FILE]
@@ -39,7 +39,7 @@ def campaign(device: str, examples: int, seed: int, workers: int, folder: Path) 
     return {"workers": workers, "wall_s": round(wall, 2), "cases": summary["cases"],
             "cases_per_second": round(summary["cases"] / wall, 2),
             "campaign_cases_per_second": summary["cases_per_second"], "findings": len(summary["findings"]),
-            "time": spent}
+            "time": spent, "race_gates": summary.get("race_gates") or {}}
 
 
 def main() -> None:
@@ -52,14 +52,17 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     rows = []
-    print(f"{'workers':>7} {'wall s':>7} {'cases':>6} {'cases/s':>8} {'vs 1st':>6} {'findings':>8}  where the time went")
+    print(f"{'workers':>7} {'wall s':>7} {'cases':>6} {'cases/s':>8} {'summary':>8} {'vs 1st':>6} {'findings':>8}  "
+          "where the time went; race gates")
     with tempfile.TemporaryDirectory() as scratch:
         for index, n in enumerate(counts):
             row = campaign(args.device, args.examples, args.seed, n, Path(scratch) / f"run{index}-w{n}")
             rows.append(row)
             base = rows[0]["cases_per_second"]
+            gates = ", ".join(f"{count} {way}" for way, count in sorted(row["race_gates"].items())) or "none"
             print(f"{n:>7} {row['wall_s']:>7.1f} {row['cases']:>6} {row['cases_per_second']:>8.2f} "
-                  f"{row['cases_per_second'] / base:>6.2f} {row['findings']:>8}  {time_shares(row['time'])}")
+                  f"{row['campaign_cases_per_second']:>8.2f} {row['cases_per_second'] / base:>6.2f} "
+                  f"{row['findings']:>8}  {time_shares(row['time'])}; {gates}")
     Path(args.out).write_text(json.dumps({"device": args.device, "examples": args.examples, "seed": args.seed,
                                           "rows": rows}, indent=2) + "\n")
 

@@ -98,8 +98,8 @@ class CampaignResult:
     def add_phases(self, judged) -> None:
         for name, seconds in judged.phases().items():
             self.phases[name] = self.phases.get(name, 0.0) + seconds
-        for gate in judged.overlapped.race_window.get("gates", ()):
-            self.race_gates[gate["opened_by"]] = self.race_gates.get(gate["opened_by"], 0) + 1
+        for way in judged.gate_openings():
+            self.race_gates[way] = self.race_gates.get(way, 0) + 1
 
     def time_breakdown(self) -> dict[str, float]:
         """Where the campaign's `duration_s` went: each judged case's phases (`findings.PHASES`, and

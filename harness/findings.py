@@ -71,6 +71,10 @@ class CaseResult:
     world_seconds: float = 0.0  # drawing the batches' data (once for both runs)
     oracle_seconds: dict[str, float] = field(default_factory=dict)  # per oracle
 
+    def gate_openings(self) -> list[str]:
+        """How each race gate of the overlapped run opened (CUDA, `harness.device.gates`)."""
+        return [gate["opened_by"] for gate in self.overlapped.race_window.get("gates", ())]
+
     def phases(self) -> dict[str, float]:
         """Where this case's `seconds` went (PHASES): the forwards include the device's execution of them;
         `race_delay` is the time the host held the overlapped run's race gates open after it was done

@@ -49,11 +49,15 @@ class IsolatedResult:
     seconds: float
     outcome: str = "judged"  # or "crash", "hang"
     case_phases: dict = dataclasses.field(default_factory=dict)  # the child's CaseResult.phases()
+    openings: list = dataclasses.field(default_factory=list)  # the child's CaseResult.gate_openings()
 
     def phases(self) -> dict[str, float]:
         """The child's phases, and `isolation`: the rest of the round trip (the request, the answer, a
         new child's start-up)."""
         return {**self.case_phases, "isolation": max(0.0, self.seconds - sum(self.case_phases.values()))}
+
+    def gate_openings(self) -> list[str]:
+        return list(self.openings)
 
 
 class _Timeout(Exception):
@@ -110,7 +114,8 @@ class IsolatedRunner:
             findings.append(_crash_finding("crash", f"the case left the CUDA context unusable: {answer['context_error']}",
                                            {"context_error": answer["context_error"]}))
         return IsolatedResult(case, findings, answer["replay"], time.perf_counter() - started,
-                              "crash" if answer.get("context_error") else "judged", answer["phases"])
+                              "crash" if answer.get("context_error") else "judged", answer["phases"],
+                              answer["gate_openings"])
 
     def close(self) -> None:
         if self._proc is not None:
@@ -230,7 +235,7 @@ def _serve(request: dict) -> dict:
         kind = next(c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS or c is HarnessError)
         return {"error": {"type": kind, "message": str(exc)}}
     answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay,
-              "phases": result.phases()}
+              "phases": result.phases(), "gate_openings": result.gate_openings()}
     if request["device"] == "cuda":
         try:
             torch.cuda.synchronize()
