@@ -6,18 +6,18 @@ after the forward's reads, really land first. That hold used to be a `torch.cuda
 a fixed length (10 or 50 ms): the GPU spun for the whole time, though the scheduler's work had
 landed long before, and several processes sharing one GPU took turns through each other's spins.
 
-A gate is `cuStreamWaitValue32` (a CUDA driver stream memory operation) on a word of device
+A gate is `cuStreamWaitValue32` (a CUDA driver stream memory operation) on a word of pinned host
 memory: the stream's work behind it waits for the word to reach the gate's number, and no kernel
-runs meanwhile. The word is raised by `cuStreamWriteValue32` on a stream of the harness's own,
-created through the driver so that no stream of torch's pool (which a later run's forward stream
-may be) can ever queue it behind a held stream. A word of pinned host memory, written by the host,
-was tried first: on the H200 the GPU did not see a write made while the stream already waited, and
-the stream stayed held. The device opens its gates when the host is done issuing a batch
-(`CudaDevice.open_gates`): each as soon as every other stream's work has run, or is itself waiting
-for the held stream beyond the gate (the scheduler that waits for the forward's event, as it
-should). A timer opens each gate at its deadline whatever happens, the old sleep's length: a host
-that blocks on the held stream inside the target (an implicit synchronisation) waits no longer than
-it did behind the sleep.
+runs meanwhile. Opening a gate is a plain store into that word, with no CUDA call, so the timer's
+thread can open it while the host thread is blocked inside the driver (a word of device memory
+raised by `cuStreamWriteValue32` was tried: the timer's driver call then waited for the host
+thread's allocation, which waited for the held stream, and neither returned). The device opens its
+gates when the host is done issuing a batch (`CudaDevice.open_gates`): each as soon as every other
+stream's work has run, or is itself waiting for the held stream beyond the gate (the scheduler that
+waits for the forward's event, as it should). A timer opens each gate at its deadline whatever
+happens, the old sleep's length: a host that blocks on the held stream inside the target (an
+implicit synchronisation: a pageable copy, a new allocation of device or pinned memory) waits no
+longer than it did behind the sleep.
 
 The driver is reached through ctypes (torch exposes no stream memory operations). A driver
 without them is an `EnvironmentBroken` at the first gate, never a window silently left closed.
@@ -38,9 +38,8 @@ from harness.errors import EnvironmentBroken
 __all__ = ["Gate", "GateWord", "gate_word"]
 
 _CU_STREAM_WAIT_VALUE_GEQ = 0x0  # wait until (int32)(*addr - value) >= 0
-_CU_STREAM_NON_BLOCKING = 0x1  # the opener stream does not wait for the legacy default stream
-_DRIVER_FUNCTIONS = ("cuCtxGetCurrent", "cuCtxSetCurrent", "cuStreamCreate", "cuStreamWaitValue32_v2",
-                     "cuStreamWriteValue32_v2")
+_WAIT_VALUE_SYMBOLS = ("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+_HOST_POINTER_SYMBOLS = ("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
 
 
 @dataclass
@@ -60,20 +59,20 @@ class Gate:
 
 class GateWord:
     """The process's one word every gate waits on. Gate n opens when the word reaches n: gates are
-    numbered in issue order, and opening one opens every earlier one. `open` only ever raises the
-    word (a late timer of an earlier gate never closes a later one): the writes are queued on the
-    opener stream in the order the host asked for them, each higher than the last."""
+    numbered in issue order, and opening one opens every earlier one, so a late timer of an earlier
+    gate never closes a later one (`open` only raises the word)."""
 
     def __init__(self) -> None:
-        self._cuda = _driver()
-        self._word = torch.zeros(1, dtype=torch.int32, device="cuda")  # never freed: gates wait on it
-        self._context = ctypes.c_void_p()
-        _check(self._cuda.cuCtxGetCurrent(ctypes.byref(self._context)), "cuCtxGetCurrent")
-        self._opener = ctypes.c_void_p()
-        _check(self._cuda.cuStreamCreate(ctypes.byref(self._opener), ctypes.c_uint(_CU_STREAM_NON_BLOCKING)),
-               "cuStreamCreate (the race gates' opener stream)")
+        driver = _driver()
+        self._wait_value = _symbol(driver, _WAIT_VALUE_SYMBOLS)
+        host_pointer = _symbol(driver, _HOST_POINTER_SYMBOLS)
+        self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self._cell = ctypes.c_uint32.from_address(self._host.data_ptr())
+        device_pointer = ctypes.c_uint64()
+        _check(host_pointer(ctypes.byref(device_pointer), ctypes.c_void_p(self._host.data_ptr()), ctypes.c_uint(0)),
+               "cuMemHostGetDevicePointer (the gate word's address on the GPU)")
+        self._device_pointer = device_pointer.value
         self._issued = 0
-        self._opened = 0
         self._lock = threading.Lock()
 
     def hold(self, stream: torch.cuda.Stream) -> int:
@@ -81,29 +80,19 @@ class GateWord:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("a race gate inside a graph capture is not modelled; hold the stream before capture")
         self._issued += 1
-        _check(self._cuda.cuStreamWaitValue32_v2(ctypes.c_void_p(stream.cuda_stream), self._address(),
-                                                 ctypes.c_uint32(self._issued),
-                                                 ctypes.c_uint(_CU_STREAM_WAIT_VALUE_GEQ)),
+        _check(self._wait_value(ctypes.c_void_p(stream.cuda_stream), ctypes.c_uint64(self._device_pointer),
+                                ctypes.c_uint32(self._issued), ctypes.c_uint(_CU_STREAM_WAIT_VALUE_GEQ)),
                "cuStreamWaitValue32 (a race gate)")
         return self._issued
 
     def open(self, number: int) -> None:
-        """From the host thread or the timer's (the driver call makes the process's context current)."""
+        """A plain store into pinned memory (no CUDA call): safe from the timer's thread."""
         with self._lock:
-            if number <= self._opened:
-                return
-            _check(self._cuda.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-            _check(self._cuda.cuStreamWriteValue32_v2(self._opener, self._address(), ctypes.c_uint32(number),
-                                                      ctypes.c_uint(0)),
-                   "cuStreamWriteValue32 (opening a race gate)")
-            self._opened = number
+            if number > self._cell.value:
+                self._cell.value = number
 
     def is_open(self, number: int) -> bool:
-        """Whether its opening was asked for (the word is raised on the GPU right after)."""
-        return self._opened >= number
-
-    def _address(self) -> ctypes.c_uint64:
-        return ctypes.c_uint64(self._word.data_ptr())
+        return self._cell.value >= number
 
 
 _WORD: Optional[GateWord] = None
@@ -128,14 +117,18 @@ def hold(word: GateWord, stream: torch.cuda.Stream, stream_id: int, seq: int, de
 
 def _driver() -> ctypes.CDLL:
     try:
-        driver = ctypes.CDLL("libcuda.so.1")
+        return ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
         raise EnvironmentBroken(f"race gates need the CUDA driver library (libcuda.so.1): {exc}") from None
-    for name in _DRIVER_FUNCTIONS:
-        if not hasattr(driver, name):
-            raise EnvironmentBroken(f"race gates need the CUDA driver's {name} (stream memory operations come with "
-                                    "CUDA 11.7 and later); this driver has none")
-    return driver
+
+
+def _symbol(driver: ctypes.CDLL, names: tuple[str, ...]):
+    for name in names:
+        function = getattr(driver, name, None)
+        if function is not None:
+            return function
+    raise EnvironmentBroken(f"race gates need the CUDA driver's {names[-1]} (stream memory operations, CUDA 11.7 or "
+                            "later); this driver has none of: " + ", ".join(names))
 
 
 def _check(result: int, what: str) -> None:
