@@ -126,6 +126,9 @@ def run(args) -> int:
     gates = summary.get("race_gates") or {}
     if gates and not args.quiet:
         print("  race gates: " + ", ".join(f"{count} {way}" for way, count in sorted(gates.items())))
+    if gates.get("leaked"):
+        print(f"  warning: {gates['leaked']} race gate(s) leaked: the GPU ran the held stream past a closed gate, so "
+              "those windows were not held", file=sys.stderr)
     if gates.get("deadline"):
         print(f"  warning: {gates['deadline']} race gate(s) opened at their deadline, before the host was done "
               "issuing: those windows may have closed before the scheduler's work landed", file=sys.stderr)

@@ -155,6 +155,9 @@ class CudaDevice(Device):
         for gate in self._pending_gates:
             others = [probe_id for probe_id in probes if probe_id != gate.stream_id]
             while True:
+                if gates.leaked(gate, word):
+                    gate.opened_by = "leaked"
+                    break
                 if word.is_open(gate.number):
                     gate.opened_by = "deadline"
                     break
@@ -176,13 +179,13 @@ class CudaDevice(Device):
         return self._gate_wait_s
 
     def race_window(self) -> dict:
-        """Also each gate's hold: open means no gate was opened by its deadline, so every one held
-        its stream until the scheduler's issued work had run or was waiting for it."""
+        """Also each gate's hold: open means no gate was opened by its deadline or leaked, so every
+        one held its stream until the scheduler's issued work had run or was waiting for it."""
         window = super().race_window()
         held = [gate for gate in self._gates if gate.opened_by is not None]
         window["gates"] = [{"held_ms": gate.held_s * 1e3, "opened_by": gate.opened_by} for gate in held]
         if held:
-            window["open"] = all(gate.opened_by != "deadline" for gate in held)
+            window["open"] = all(gate.opened_by in ("landed", "awaited") for gate in held)
         return window
 
     def _warm_up(self) -> None:

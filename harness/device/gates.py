@@ -53,7 +53,8 @@ class Gate:
     seq: int  # its place in the tracker's program order of that stream (`HappensBefore.mark`)
     issued_at: float  # host perf_counter seconds
     timer: threading.Timer
-    opened_by: Optional[str] = None
+    passed: Optional[torch.cuda.Event] = None  # recorded on the stream right behind the gate
+    opened_by: Optional[str] = None  # or `leaked`: the stream ran past the gate before anyone opened it
     held_s: Optional[float] = None  # host seconds from issue to opening
 
 
@@ -109,10 +110,17 @@ def gate_word() -> GateWord:
 def hold(word: GateWord, stream: torch.cuda.Stream, stream_id: int, seq: int, deadline_s: float) -> Gate:
     """A gate on `stream`, with its timer started: it opens after `deadline_s` at the latest."""
     number = word.hold(stream)
+    passed = torch.cuda.Event()
+    torch._C._CudaEventBase.record(passed, stream)  # the harness's own: not a target's event to track
     timer = threading.Timer(deadline_s, word.open, (number,))
     timer.daemon = True
     timer.start()
-    return Gate(number, stream_id, seq, time.perf_counter(), timer)
+    return Gate(number, stream_id, seq, time.perf_counter(), timer, passed)
+
+
+def leaked(gate: Gate, word: GateWord) -> bool:
+    """Whether the stream ran past the gate while it was still closed (the self-check of each gate)."""
+    return not word.is_open(gate.number) and gate.passed.query()
 
 
 def _driver() -> ctypes.CDLL:
