@@ -76,7 +76,9 @@ def test_a_gate_the_scheduler_waits_beyond_opens_at_once():
 def test_a_gate_opens_at_its_deadline_when_the_host_blocks_on_its_stream():
     device = _device()
     ms = 30.0
-    seen = torch.zeros(1, device="cuda")  # allocated before the gate: an allocation may wait for the device
+    seen = torch.zeros(1, device="cuda")
+    seen.add_(1)  # loads the kernel: CUDA loads a kernel lazily at its first launch, which waits for the device
+    torch.cuda.synchronize()
     _held(device, cycles=int(ms * device.sleep_cycles_per_ms))
     with device.stream(device.forward_stream):
         device.launch("write", lambda: seen.add_(1), writes={"seen": None})

@@ -16,8 +16,8 @@ gates when the host is done issuing a batch (`CudaDevice.open_gates`): each as s
 stream's work has run, or is itself waiting for the held stream beyond the gate (the scheduler that
 waits for the forward's event, as it should). A timer opens each gate at its deadline whatever
 happens, the old sleep's length: a host that blocks on the held stream inside the target (an
-implicit synchronisation: a pageable copy, a new allocation of device or pinned memory) waits no
-longer than it did behind the sleep.
+implicit synchronisation: a pageable copy, a new allocation of pinned memory, the first launch of a
+kernel in the process, which CUDA loads lazily) waits no longer than it did behind the sleep.
 
 The driver is reached through ctypes (torch exposes no stream memory operations). A driver
 without them is an `EnvironmentBroken` at the first gate, never a window silently left closed.
