@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.commands.run import time_shares
+from harness.commands.run import gate_counts, time_shares
 
 
 def campaign(device: str, examples: int, seed: int, workers: int, folder: Path) -> dict:
@@ -59,7 +59,7 @@ def main() -> None:
             row = campaign(args.device, args.examples, args.seed, n, Path(scratch) / f"run{index}-w{n}")
             rows.append(row)
             base = rows[0]["cases_per_second"]
-            gates = ", ".join(f"{count} {way}" for way, count in sorted(row["race_gates"].items())) or "none"
+            gates = gate_counts(row["race_gates"]) or "no race gates"
             print(f"{n:>7} {row['wall_s']:>7.1f} {row['cases']:>6} {row['cases_per_second']:>8.2f} "
                   f"{row['campaign_cases_per_second']:>8.2f} {row['cases_per_second'] / base:>6.2f} "
                   f"{row['findings']:>8}  {time_shares(row['time'])}; {gates}")

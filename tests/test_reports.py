@@ -210,6 +210,21 @@ def test_the_page_says_where_the_campaign_s_time_went_and_a_bad_phase_is_refused
         load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "time": {"world": "slow"}}))
 
 
+def test_a_race_gates_count_that_is_not_a_number_is_refused(tmp_path):
+    load_folder(write_folder(tmp_path / "ok", summary_json={**summary(), "race_gates": {"awaited": 3}}))
+    with pytest.raises(InvalidArgument, match="race_gates.awaited"):
+        load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "race_gates": {"awaited": "many"}}))
+
+
+def test_a_leaked_race_gate_is_warned_about_and_a_clean_count_is_not():
+    from harness.commands.run import gate_counts, gate_warnings
+
+    assert gate_counts({"landed": 2, "awaited": 5}) == "5 awaited, 2 landed"
+    assert gate_warnings({"awaited": 5, "deadline": 4}) == []
+    (warning,) = gate_warnings({"awaited": 5, "leaked": 1})
+    assert "1 race gate(s) leaked" in warning
+
+
 def test_telemetry_as_the_run_command_writes_it(tmp_path):
     """harness/telemetry.py's record: unavailable on a CPU machine, suspect on a throttled GPU."""
     from harness.telemetry import GpuSnapshot, TelemetryRecord

@@ -69,6 +69,13 @@ def test_counts_add_up_and_one_bug_found_by_two_shards_is_one_finding():
     assert merged["shards_missing"] == [3] and merged["shard"] is None
 
 
+def test_the_race_gates_openings_are_summed_over_the_parts():
+    merged = merge_summaries([("a", shard_summary(1, 2, race_gates={"awaited": 2, "deadline": 1})),
+                              ("b", shard_summary(2, 2, race_gates={"awaited": 1, "leaked": 1}))])
+    assert merged["race_gates"] == {"awaited": 3, "deadline": 1, "leaked": 1}
+    assert "race_gates" not in merge_summaries([("a", shard_summary(1, 2)), ("b", shard_summary(2, 2))])
+
+
 def test_a_folder_that_does_not_belong_is_refused_with_exit_2_naming_it(tmp_path, capsys):
     write_folder(tmp_path / "a", summary_json=shard_summary(1, 2))
     write_folder(tmp_path / "pr", summary_json={**shard_summary(2, 2), "semantics": "pr"})

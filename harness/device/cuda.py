@@ -155,18 +155,11 @@ class CudaDevice(Device):
         for gate in self._pending_gates:
             others = [probe_id for probe_id in probes if probe_id != gate.stream_id]
             while True:
-                if gates.leaked(gate, word):
-                    gate.opened_by = "leaked"
-                    break
-                if word.is_open(gate.number):
-                    gate.opened_by = "deadline"
-                    break
-                running = [probe_id for probe_id in others if not probes[probe_id].query()]
-                if not running:
-                    gate.opened_by = "landed"
-                    break
-                if all(self.tracker.reached(probe_id, gate.stream_id, gate.seq) for probe_id in running):
-                    gate.opened_by = "awaited"
+                gate.opened_by = gates.opening(
+                    leaked=gates.leaked(gate, word), timed_out=word.is_open(gate.number),
+                    running=[probe_id for probe_id in others if not probes[probe_id].query()],
+                    awaits_gate=lambda probe_id: self.tracker.reached(probe_id, gate.stream_id, gate.seq))
+                if gate.opened_by is not None:
                     break
                 time.sleep(GATE_POLL_S)
             word.open(gate.number)

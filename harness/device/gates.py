@@ -29,13 +29,13 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from harness.errors import EnvironmentBroken
 
-__all__ = ["Gate", "GateWord", "gate_word"]
+__all__ = ["Gate", "GateWord", "gate_word", "hold", "leaked", "opening"]
 
 _CU_STREAM_WAIT_VALUE_GEQ = 0x0  # wait until (int32)(*addr - value) >= 0
 _WAIT_VALUE_SYMBOLS = ("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
@@ -116,6 +116,21 @@ def hold(word: GateWord, stream: torch.cuda.Stream, stream_id: int, seq: int, de
     timer.daemon = True
     timer.start()
     return Gate(number, stream_id, seq, time.perf_counter(), timer, passed)
+
+
+def opening(*, leaked: bool, timed_out: bool, running: Sequence[int], awaits_gate: Callable[[int], bool]) -> Optional[str]:
+    """How a closed gate opens now, or None to hold it a little longer. `running`: the other streams
+    whose issued work has not finished; `awaits_gate(stream)`: whether that stream's work is ordered
+    after the held stream's work beyond the gate (the tracker's clocks), so it waits for the gate."""
+    if leaked:
+        return "leaked"
+    if timed_out:
+        return "deadline"
+    if not running:
+        return "landed"
+    if all(awaits_gate(stream) for stream in running):
+        return "awaited"
+    return None
 
 
 def leaked(gate: Gate, word: GateWord) -> bool:
