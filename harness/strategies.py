@@ -271,7 +271,7 @@ def schedules():
     return st.one_of(st.just("adversarial"), st.integers(0, 2**16).map(lambda s: f"random:{s}"))
 
 
-SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the forward sleeps right after the event
+SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the race gates' deadline after the event
 
 
 def seed_cases(semantics: str) -> list[Case]:

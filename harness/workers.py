@@ -1,10 +1,11 @@
 """`harness run --workers N|auto`: one campaign process per GPU (per core on the CPU), one report.
 
 With `--gpu-share`, more workers than GPUs share them round robin. A campaign's case is mostly host
-work (drawing, the observer, the oracles) and GPU sleeps that widen race windows; one process leaves
-the GPU idle most of the time, so on a host with more cores than GPUs several workers per GPU judge
-more cases. Each worker's forwards stay on its own streams and its race delays on its own forward
-stream; another process's kernels only add time to a window, never remove an ordering.
+work (drawing, the observer, the oracles); one process leaves the GPU idle most of the time, so on
+a host with more cores than GPUs several workers per GPU judge more cases. Each worker's forwards
+stay on its own streams and its race gates on its own forward stream (a gate runs no kernel: it
+takes no GPU time from the others); another process's kernels only add time to a window, never
+remove an ordering.
 
 Each worker is `python -m harness run` on its own part of the case stream (`harness.sharding`: the
 run's shard, dealt round robin to its workers), pinned to its GPU by `CUDA_VISIBLE_DEVICES` in the
