@@ -22,6 +22,7 @@ a closed gate was almost always masked by another condition that closed publicat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -112,12 +113,20 @@ def flags(draw, semantics: str, closed: str = "open") -> Flags:
 def mutations(draw, *, hisparse: bool, kinds_on=MUTATION_KINDS) -> tuple[Mutation, ...]:
     kinds = ([k for k in MUTATION_KINDS if (k != "hisparse_evict" or hisparse) and k in kinds_on]
              or ["req_to_token_rewrite"])
-    out = draw(st.lists(st.builds(
+    return tuple(draw(_mutation_lists(tuple(kinds))))
+
+
+# The strategies below are built once for each set of arguments: hypothesis validates a new strategy
+# object and works out its properties before its first draw, which was a third of drawing a case when
+# each draw built its own. The same structure draws the same choices, so the stream is unchanged.
+@functools.lru_cache(maxsize=None)
+def _mutation_lists(kinds: tuple[str, ...]):
+    return st.lists(st.builds(
         Mutation, kind=st.sampled_from(kinds), target=st.sampled_from(["batch", "batch", "batch", "other"]),
-        count=st.integers(1, 6), poison=_rare(4)), min_size=1, max_size=3))
-    return tuple(out)
+        count=st.integers(1, 6), poison=_rare(4)), min_size=1, max_size=3)
 
 
+@functools.lru_cache(maxsize=None)
 def requests(max_requests: int = 4, max_prefix: int = 48, max_extend: int = 24, min_extend: int = 1):
     return st.lists(st.builds(Request, prefix_len=st.integers(0, max_prefix),
                               extend_len=st.integers(min_extend, max_extend)),
@@ -127,6 +136,7 @@ def requests(max_requests: int = 4, max_prefix: int = 48, max_extend: int = 24, 
 # A graph replay pads to the smallest bucket (4 tokens) and refuses beyond twice the real count, so a
 # batch of one token never replays: the requests of replayed geometries extend by two tokens or more.
 _REPLAYABLE = st.one_of(requests(min_extend=2), requests(max_requests=2, max_prefix=300, max_extend=40, min_extend=2))
+_ANY_REQUESTS = st.one_of(requests(), requests(max_requests=2, max_prefix=300, max_extend=40))
 
 
 @st.composite
@@ -134,7 +144,7 @@ def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_o
     modes = modes or _MODES
     mode = draw(st.sampled_from([m for m in modes if modes_on is None or m in modes_on] or modes))
     if reqs is None:
-        reqs = draw(st.one_of(requests(), requests(max_requests=2, max_prefix=300, max_extend=40)))
+        reqs = draw(_ANY_REQUESTS)
     muts = draw(mutations(hisparse=hisparse, kinds_on=kinds_on))
     if mode is ForwardMode.IDLE:  # nothing in flight: the scheduler still rewrites rows of other requests
         reqs = ()
