@@ -210,8 +210,13 @@ def test_the_page_says_where_the_campaign_s_time_went_and_a_bad_phase_is_refused
         load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "time": {"world": "slow"}}))
 
 
-def test_a_race_gates_count_that_is_not_a_number_is_refused(tmp_path):
-    load_folder(write_folder(tmp_path / "ok", summary_json={**summary(), "race_gates": {"awaited": 3}}))
+def test_the_page_counts_the_race_gates_and_a_count_that_is_not_a_number_is_refused(tmp_path):
+    gates = {"awaited": 3, "deadline": 2, "leaked": 1}
+    page = render_html(load_folder(write_folder(tmp_path / "ok", summary_json={**summary(), "race_gates": gates})))
+    table = page[page.index("<table>", page.index('id="race-gates"')):]
+    assert table.index("awaited") < table.index("deadline") < table.index("leaked") < table.index("</table>")
+    assert '<tr class="bad"><td>leaked</td><td>1</td></tr>' in table
+    assert 'id="race-gates"' not in render_html(load_folder(write_folder(tmp_path / "cpu", summary_json=summary())))
     with pytest.raises(InvalidArgument, match="race_gates.awaited"):
         load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "race_gates": {"awaited": "many"}}))
 
