@@ -55,3 +55,24 @@ def test_a_leak_and_a_deadline_are_named_whatever_else_holds(held):
     hb, gate = held
     assert _opening(hb, gate, [SCHEDULE], timed_out=True) == "deadline"
     assert _opening(hb, gate, [], leaked=True, timed_out=True) == "leaked"
+
+
+def test_a_driver_that_cannot_hold_a_gate_is_refused_naming_what_it_lacks(monkeypatch):
+    import ctypes
+
+    from harness.device import gates
+    from harness.errors import EnvironmentBroken
+
+    def no_library(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    class OldDriver:  # the wait, but not the host pointer lookup
+        cuStreamWaitValue32 = object()
+
+    for fake, needle in ((no_library, "libcuda.so.1: cannot open"), (lambda name: OldDriver(),
+                                                                       "cuMemHostGetDevicePointer")):
+        gates.require_driver.cache_clear()
+        monkeypatch.setattr(ctypes, "CDLL", fake)
+        with pytest.raises(EnvironmentBroken, match=needle):
+            gates.require_driver()
+    gates.require_driver.cache_clear()

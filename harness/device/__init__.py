@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.device import gates
 from harness.device.base import Device, Event, GraphCapture, OpFailed, Stream
 from harness.device.cuda import CudaDevice
 from harness.device.sim import SimDevice
@@ -24,11 +25,12 @@ def resolve_device(name: str) -> str:
         raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
     if name == "cpu":
         return name
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "auto" and not torch.cuda.is_available():
+        return "cpu"
     if not torch.cuda.is_available():
         raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
-    return name
+    gates.require_driver()  # the race windows' gates
+    return "cuda"
 
 
 def make_device(name: str, *, schedule: str = "adversarial", observe: bool = False) -> Device:

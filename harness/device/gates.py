@@ -20,12 +20,14 @@ implicit synchronisation: a pageable copy, a new allocation of pinned memory, th
 kernel in the process, which CUDA loads lazily) waits no longer than it did behind the sleep.
 
 The driver is reached through ctypes (torch exposes no stream memory operations). A driver
-without them is an `EnvironmentBroken` at the first gate, never a window silently left closed.
+without them is an `EnvironmentBroken` (exit 3) when `--device cuda` is resolved, before any work,
+never a window silently left closed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ import torch
 
 from harness.errors import EnvironmentBroken
 
-__all__ = ["Gate", "GateWord", "gate_word", "hold", "leaked", "opening"]
+__all__ = ["Gate", "GateWord", "gate_word", "hold", "leaked", "opening", "require_driver"]
 
 _CU_STREAM_WAIT_VALUE_GEQ = 0x0  # wait until (int32)(*addr - value) >= 0
 _WAIT_VALUE_SYMBOLS = ("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
@@ -136,6 +138,14 @@ def opening(*, leaked: bool, timed_out: bool, running: Sequence[int], awaits_gat
 def leaked(gate: Gate, word: GateWord) -> bool:
     """Whether the stream ran past the gate while it was still closed (the self-check of each gate)."""
     return not word.is_open(gate.number) and gate.passed.query()
+
+
+@functools.lru_cache(maxsize=1)
+def require_driver() -> None:
+    """Refuses a run on CUDA before any work when the driver cannot hold a gate."""
+    driver = _driver()
+    _symbol(driver, _WAIT_VALUE_SYMBOLS)
+    _symbol(driver, _HOST_POINTER_SYMBOLS)
 
 
 def _driver() -> ctypes.CDLL:
