@@ -25,7 +25,6 @@ class CudaDevice(Device):
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._ids_by_native: dict[int, int] = {}
         self._gates: list[gates.Gate] = []  # this run's race gates, in issue order
-        self._pending_gates: list[gates.Gate] = []
         self._gate_wait_s = 0.0  # host seconds spent holding gates open for the scheduler's work to land
         super().__init__(observe)
         self._warm_up()
@@ -136,14 +135,14 @@ class CudaDevice(Device):
             gate = gates.hold(gates.gate_word(), self._streams[stream.id], stream.id, seq,
                               self.cycles_to_ms(cycles) / 1e3)
             self._gates.append(gate)
-            self._pending_gates.append(gate)
 
     def open_gates(self) -> None:
         """Opens the held gates in issue order, each once every other stream's work issued so far
         has run, or what is still running is ordered after the held stream's work beyond the gate
         (the tracker's clocks: it would wait for the gate forever). Called when the host is done
         issuing, and before any host synchronisation, which would otherwise wait for the deadline."""
-        if not self._pending_gates:
+        pending = [gate for gate in self._gates if gate.opened_by is None]
+        if not pending:
             return
         began = time.perf_counter()
         word = gates.gate_word()
@@ -152,7 +151,7 @@ class CudaDevice(Device):
             probe = torch.cuda.Event()
             torch._C._CudaEventBase.record(probe, native)  # the harness's own: not a target's event to track
             probes[stream_id] = probe
-        for gate in self._pending_gates:
+        for gate in pending:
             others = [probe_id for probe_id in probes if probe_id != gate.stream_id]
             while True:
                 gate.opened_by = gates.opening(
@@ -165,7 +164,6 @@ class CudaDevice(Device):
             word.open(gate.number)
             gate.timer.cancel()
             gate.held_s = time.perf_counter() - gate.issued_at
-        self._pending_gates.clear()
         self._gate_wait_s += time.perf_counter() - began
 
     def race_delay_seconds(self) -> float:

@@ -46,17 +46,17 @@ _HOST_POINTER_SYMBOLS = ("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePoin
 
 @dataclass
 class Gate:
-    """One hold of a stream: opened by the host (`landed`: the other streams' work had run;
-    `awaited`: what is still running waits for the held stream beyond the gate) or by its timer
-    (`deadline`)."""
+    """One hold of a stream, and how it opened (`opening`): by the host (`landed`: the other
+    streams' work had run; `awaited`: what is still running waits for the held stream beyond the
+    gate), by its timer (`deadline`), or not at all (`leaked`: the stream ran past it while closed)."""
 
     number: int  # the word's value that opens it
     stream_id: int  # the harness stream it holds
     seq: int  # its place in the tracker's program order of that stream (`HappensBefore.mark`)
     issued_at: float  # host perf_counter seconds
     timer: threading.Timer
-    passed: Optional[torch.cuda.Event] = None  # recorded on the stream right behind the gate
-    opened_by: Optional[str] = None  # or `leaked`: the stream ran past the gate before anyone opened it
+    passed: torch.cuda.Event  # recorded on the stream right behind the gate
+    opened_by: Optional[str] = None  # None while it holds
     held_s: Optional[float] = None  # host seconds from issue to opening
 
 
@@ -66,9 +66,7 @@ class GateWord:
     gate never closes a later one (`open` only raises the word)."""
 
     def __init__(self) -> None:
-        driver = _driver()
-        self._wait_value = _symbol(driver, _WAIT_VALUE_SYMBOLS)
-        host_pointer = _symbol(driver, _HOST_POINTER_SYMBOLS)
+        self._wait_value, host_pointer = require_driver()
         self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._cell = ctypes.c_uint32.from_address(self._host.data_ptr())
         device_pointer = ctypes.c_uint64()
@@ -141,11 +139,11 @@ def leaked(gate: Gate, word: GateWord) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def require_driver() -> None:
-    """Refuses a run on CUDA before any work when the driver cannot hold a gate."""
+def require_driver():
+    """The driver's stream wait and host pointer lookup, the two calls a gate makes; refuses a run on
+    CUDA before any work (`resolve_device`) when the driver lacks either."""
     driver = _driver()
-    _symbol(driver, _WAIT_VALUE_SYMBOLS)
-    _symbol(driver, _HOST_POINTER_SYMBOLS)
+    return _symbol(driver, _WAIT_VALUE_SYMBOLS), _symbol(driver, _HOST_POINTER_SYMBOLS)
 
 
 def _driver() -> ctypes.CDLL:
