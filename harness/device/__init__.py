@@ -25,9 +25,9 @@ def resolve_device(name: str) -> str:
         raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
     if name == "cpu":
         return name
-    if name == "auto" and not torch.cuda.is_available():
-        return "cpu"
     if not torch.cuda.is_available():
+        if name == "auto":
+            return "cpu"
         raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     gates.require_driver()  # the race windows' gates
     return "cuda"
