@@ -18,7 +18,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import random
+import sys
 import time
+from collections import deque
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -33,7 +37,7 @@ from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
 from harness.example_db import database_scope, open_database
-from harness.isolation import IsolatedRunner
+from harness.isolation import IsolatedPool, IsolatedRunner
 from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
@@ -52,12 +56,23 @@ def keeps_database(profile: str, seed: Optional[int]) -> bool:
 
 
 class FindingRaised(AssertionError):
-    """Raised inside the hypothesis test so that it shrinks the case; carries the judged result."""
+    """Raised inside the hypothesis test so that it shrinks the case; carries the judged result.
+    `by_hypothesis`: False when the campaign raises it itself, past hypothesis, which then has not
+    shrunk the case."""
 
-    def __init__(self, result: CaseResult):
+    def __init__(self, result: CaseResult, *, by_hypothesis: bool = True):
         first = result.findings[0]
         super().__init__(f"{first.oracle}/{first.kind}: {first.message}\nreplay: {result.replay}")
-        self.result = result
+        self.result, self.by_hypothesis = result, by_hypothesis
+
+
+class FailureDealt(BaseException):
+    """--jobs: raised out of the dealt pass at its first failure in stream order: not an `Exception`,
+    so hypothesis stops drawing instead of shrinking the case it drew last."""
+
+    def __init__(self, result, schedule: str):
+        super().__init__(result.replay)
+        self.result, self.schedule = result, schedule
 
 
 class EnoughFailures(BaseException):
@@ -94,6 +109,8 @@ class CampaignResult:
     failures: list[CaseResult] = dataclasses.field(default_factory=list)  # --keep-going: each distinct one, shrunk
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, summed over the judged cases
     race_gates: dict[str, int] = dataclasses.field(default_factory=dict)  # CUDA: how the gates opened, counted
+    jobs: int = 1  # cases judged at once, each in its own child
+    waited_s: float = 0.0  # --jobs: the seconds this process waited for its children's cases
 
     def add_phases(self, judged) -> None:
         for name, seconds in judged.phases().items():
@@ -104,9 +121,11 @@ class CampaignResult:
     def time_breakdown(self) -> dict[str, float]:
         """Where the campaign's `duration_s` went: each judged case's phases (`findings.PHASES`, and
         `isolation` for a case judged in a child), and `campaign`: drawing the cases, the database,
-        shrinking's bookkeeping."""
+        shrinking's bookkeeping. With --jobs the phases are summed over the children judging at once,
+        and `campaign` is the time this process did not wait for them."""
         spent = {name: round(seconds, 3) for name, seconds in self.phases.items()}
-        return {**spent, "campaign": round(max(0.0, self.duration_s - sum(self.phases.values())), 3)}
+        judging = self.waited_s if self.jobs > 1 else sum(self.phases.values())
+        return {**spent, "campaign": round(max(0.0, self.duration_s - judging), 3)}
 
     @property
     def findings(self) -> list[Finding]:
@@ -136,6 +155,7 @@ class CampaignResult:
             "coverage": self.coverage.to_dict(),
             "time": self.time_breakdown(),
             "race_gates": dict(self.race_gates),
+            "jobs": self.jobs,
         }
 
 
@@ -146,7 +166,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
                  seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None,
                  shard: Shard = WHOLE, shared_databases: Sequence[str] = (),
-                 should_stop: Callable[[], Optional[str]] = lambda: None, keep_going: int = 1) -> CampaignResult:
+                 should_stop: Callable[[], Optional[str]] = lambda: None, keep_going: int = 1,
+                 jobs: int = 1) -> CampaignResult:
     """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
     `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
@@ -156,14 +177,20 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     `should_stop`: polled before each case; a reason (a signal's name) ends the campaign early with
     what it has, marked `interrupted`.
     `keep_going`: collect up to this many distinct failures (`failure_signature`) before stopping,
-    each shrunk afterwards by `harness.shrink` (1: stop at the first, shrunk by hypothesis)."""
+    each shrunk afterwards by `harness.shrink` (1: stop at the first, shrunk by hypothesis).
+    `jobs`: judge up to this many cases at once, each in its own child (needs `isolate_s`); the stream,
+    the count, the first detection and the shrunk case are those of one case at a time. A random
+    profile without a seed gets one drawn here (recorded), as the failure's replay redraws the stream."""
     if profile not in PROFILES:
         raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
     if examples is not None and examples < 1:
         raise InvalidArgument(f"--examples={examples}: must be >= 1")
     if keep_going < 1:
         raise InvalidArgument(f"--keep-going={keep_going}: must be >= 1 (the number of distinct failures to collect)")
+    check_jobs(jobs, isolate_s)
     base = dict(PROFILES[profile])
+    if jobs > 1 and seed is None and not base["derandomize"]:
+        seed = random.getrandbits(32)
     if examples is not None:
         base["max_examples"] = examples
     if seed is not None:
@@ -179,18 +206,49 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     if from_db and db is None:
         raise InvalidArgument("--from-db: no example database to replay from (no report folder, no --example-db)")
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile,
-                            shard=shard, stand_ins=list(getattr(target, "stand_ins", [])))
+                            shard=shard, stand_ins=list(getattr(target, "stand_ins", [])), jobs=jobs)
     start = time.perf_counter()
 
     failing: dict[tuple[str, str], CaseResult] = {}
-    runner = IsolatedRunner(timeout_s=isolate_s) if isolate_s else None
+    runner = None
+    if isolate_s:
+        runner = IsolatedPool(jobs, timeout_s=isolate_s) if jobs > 1 else IsolatedRunner(timeout_s=isolate_s)
     judge = runner.run_case if runner else functools.partial(run_case, target)
+    if jobs > 1:
+        judge = _timed(judge, result)
     stream_position = 0  # calls of the partitioned pass before the first detection
     collected: dict[tuple, tuple[CaseResult, str]] = {}  # --keep-going: signature -> (failure, its schedule)
+    dealt: deque = deque()  # --jobs: (position, case, schedule, future) of the cases dealt and not yet counted
+    replaying_to: Optional[tuple[str, str]] = None  # --jobs: the failure the replay of the stream stops at
+    shrink_from = 0.0  # when the shrinking began (perf_counter)
+
+    def count(case, schedule, judged, position: Optional[int], *, partitioned: bool) -> None:
+        """One case of the campaign counted, in stream order (not one tried while shrinking)."""
+        nonlocal shrink_from
+        result.cases += 1
+        if not partitioned:
+            result.replayed_from_db += 1
+        result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
+                                             position))
+        result.coverage.add(case)
+        on_case(result)
+        if judged.findings and result.first_detection_seconds is None:
+            result.first_detection_examples = result.cases
+            result.first_detection_seconds = time.perf_counter() - start
+            result.found_on_seed = partitioned and case in chosen_seeds
+            shrink_from = time.perf_counter()
+        if judged.findings and keep_going > 1:
+            collected.setdefault(failure_signature(judged), (judged, schedule))
+            if len(collected) >= keep_going:
+                raise EnoughFailures()
 
     def campaign_case(case, schedule, *, partitioned: bool):
-        nonlocal stream_position
+        nonlocal stream_position, replaying_to, shrink_from
         key = (case.to_json(), schedule)
+        if replaying_to is not None:
+            if key != replaying_to:
+                return  # the dealt pass judged and counted this case (clean), or it is another shard's
+            replaying_to, shrink_from = None, time.perf_counter()  # hypothesis shrinks from here
         judged = failing.get(key)  # hypothesis replays its minimal example at the end
         if judged is None:
             detected = result.first_detection_seconds is not None and keep_going == 1
@@ -199,7 +257,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                 result.interrupted = reason
                 if not detected:
                     raise CampaignInterrupted(reason)
-            if reason or (detected and time.perf_counter() - start - result.first_detection_seconds > shrink_seconds):
+            if reason or (detected and time.perf_counter() - shrink_from > shrink_seconds):
                 return  # stopped, or the shrink budget is spent: keep the smallest failure found so far
             position = stream_position if partitioned else None
             if partitioned and not detected:
@@ -209,35 +267,58 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             judged = judge(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant, oracles=oracles)
             result.add_phases(judged)
             if not detected:
-                result.cases += 1
-                if not partitioned:
-                    result.replayed_from_db += 1
-                result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
-                                                     position))
-                result.coverage.add(case)
-                on_case(result)
-                if judged.findings and result.first_detection_seconds is None:
-                    result.first_detection_examples = result.cases
-                    result.first_detection_seconds = time.perf_counter() - start
-                    result.found_on_seed = partitioned and case in chosen_seeds
-                if judged.findings and keep_going > 1:
-                    collected.setdefault(failure_signature(judged), (judged, schedule))
-                    if len(collected) >= keep_going:
-                        raise EnoughFailures()
+                count(case, schedule, judged, position, partitioned=partitioned)
+                if keep_going > 1:
                     return  # keep drawing: the next distinct failure may be elsewhere
         if judged.findings:
             failing[key] = judged
             raise FindingRaised(judged)
 
-    def hypothesis_test(phases, *, partitioned: bool):
-        hypothesis_shrinks = shrink and keep_going == 1  # --keep-going's failures are shrunk afterwards
+    def deal(case, schedule, *, partitioned: bool):
+        """--jobs: the stream's case handed to a free child; the ones judged so far counted in order."""
+        nonlocal stream_position
+        reason = should_stop()
+        if reason:
+            result.interrupted = reason
+            raise CampaignInterrupted(reason)
+        position, stream_position = stream_position, stream_position + 1
+        if shard.owns(position):
+            future = runner.submit(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
+                                   oracles=oracles)
+            dealt.append((position, case, schedule, future))
+        settle(wait_for="room")
+
+    def settle(*, wait_for: str) -> None:
+        """--jobs: counts the dealt cases judged so far, in stream order, so that the count, the log and
+        the first detection are those of a campaign judging one case at a time. `wait_for`: "room"
+        waits while `jobs` cases are being judged, "all" until every dealt case is counted, "none"
+        not at all. A failure (without --keep-going) ends the pass: `FailureDealt`."""
+        while dealt:
+            position, case, schedule, future = dealt[0]
+            if not future.done():
+                running = [entry[3] for entry in dealt if not entry[3].done()]
+                if wait_for == "none" or (wait_for == "room" and len(running) < jobs):
+                    return
+                began = time.perf_counter()
+                futures.wait(running, return_when=futures.FIRST_COMPLETED)
+                result.waited_s += time.perf_counter() - began
+                continue
+            dealt.popleft()
+            judged = future.result()
+            result.add_phases(judged)
+            count(case, schedule, judged, position, partitioned=True)
+            if judged.findings and keep_going == 1:
+                raise FailureDealt(judged, schedule)
+
+    def hypothesis_test(phases, *, partitioned: bool, handle=campaign_case, shrinks: bool = True):
+        hypothesis_shrinks = shrinks and shrink and keep_going == 1  # --keep-going's failures are shrunk afterwards
 
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
                   print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
         @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]),
                schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
-            campaign_case(case, schedule, partitioned=partitioned)
+            handle(case, schedule, partitioned=partitioned)  # the same code in every pass: one derandomized stream
 
         test.hypothesis.inner_test._hypothesis_internal_add_digest = database_scope(
             target_spec=target_spec, mutant=mutant, semantics=semantics, device=device)
@@ -246,19 +327,50 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                 test = example(case=case, schedule="adversarial")(test)
         return _seeded(test, seed) if seed is not None else test
 
-    passes = ([hypothesis_test([Phase.reuse], partitioned=False)] if db is not None else []) + [
-        hypothesis_test([Phase.explicit] if from_db else [Phase.explicit, Phase.generate, Phase.target],
-                        partitioned=True)]
-    try:
-        for test in passes:
+    def serial_pass(phases, *, partitioned: bool) -> None:
+        with pinned_stream():
+            hypothesis_test(phases, partitioned=partitioned)()
+
+    def dealt_pass(phases) -> None:
+        """--jobs: the case stream dealt to the children, counted in stream order. At its first failure
+        the stream is drawn again, one case at a time and judging none, up to that case, where the
+        failure is raised inside hypothesis, which shrinks it as a campaign judging one case at a time
+        would (the same seed draws the same stream)."""
+        nonlocal replaying_to
+        try:
             try:
                 with pinned_stream():
-                    test()
+                    hypothesis_test(phases, partitioned=True, handle=deal, shrinks=False)()
+            except CampaignInterrupted:
+                settle(wait_for="none")  # what was judged before the stop counts
+                raise
+            settle(wait_for="all")
+            return
+        except FailureDealt as stopped:
+            failure, schedule = stopped.result, stopped.schedule
+        key = (failure.case.to_json(), schedule)
+        failing[key] = failure
+        if not shrink or result.found_on_seed or result.interrupted:
+            raise FindingRaised(failure)  # a seed's failure is shrunk below, as one judged one at a time
+        replaying_to = key
+        serial_pass(phases, partitioned=True)
+        print(f"warning: the replay of the stream did not meet its failing case {case_digest(failure.case, schedule)}: "
+              "shrunk greedily instead of by hypothesis", file=sys.stderr)
+        raise FindingRaised(failure, by_hypothesis=False)
+
+    main_phases = [Phase.explicit] if from_db else [Phase.explicit, Phase.generate, Phase.target]
+    passes = ([functools.partial(serial_pass, [Phase.reuse], partitioned=False)] if db is not None else []) + [
+        functools.partial(dealt_pass, main_phases) if jobs > 1 and runner else
+        functools.partial(serial_pass, main_phases, partitioned=True)]
+    try:
+        for run_pass in passes:
+            try:
+                run_pass()
             except SkipTest:  # hypothesis had no case to run: an empty database, or no seed to replay
                 continue
     except FindingRaised as raised:
         result.minimal = raised.result
-        if shrink and result.found_on_seed and not result.interrupted:
+        if shrink and (result.found_on_seed or not raised.by_hypothesis) and not result.interrupted:
             result.minimal = shrink_failure(lambda c: judge(c, device, schedule="adversarial", target_spec=target_spec,
                                                             mutant=mutant, oracles=oracles),
                                             raised.result, budget_s=shrink_seconds)
@@ -276,6 +388,25 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             runner.close()
     result.duration_s = time.perf_counter() - start
     return result
+
+
+def check_jobs(jobs: int, isolate_s: Optional[float]) -> None:
+    if jobs < 1:
+        raise InvalidArgument(f"--jobs={jobs}: must be >= 1 (the cases judged at once)")
+    if jobs > 1 and not isolate_s:
+        raise InvalidArgument(f"--jobs={jobs}: cases judged at once are each judged in a child process; "
+                              "--isolate off leaves none (give --isolate SECONDS or auto)")
+
+
+def _timed(judge, result: CampaignResult):
+    """`judge`, adding the seconds this process waits for it to `result.waited_s`."""
+    def timed(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return judge(*args, **kwargs)
+        finally:
+            result.waited_s += time.perf_counter() - began
+    return timed
 
 
 def failure_signature(judged: CaseResult) -> tuple:

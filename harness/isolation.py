@@ -8,6 +8,10 @@ judged findings and the replay command as one JSON line. A child that dies, or d
 the case's timeout (it is then killed), becomes an ``execution`` finding of kind ``crash`` or ``hang``
 with the exit status and the tail of its stderr, and the next case gets a new child. On CUDA the
 child also checks that the context survived each case, and is replaced when it did not.
+
+`IsolatedPool` keeps several such children and judges up to that many cases at once (`harness run
+--jobs N`): a case is mostly host work in its child, so one campaign process, drawing the cases once,
+keeps several children and the GPU they share busy.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import select
 import signal
 import subprocess
 import sys
+import queue
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -199,6 +205,56 @@ class IsolatedRunner:
         finding = _crash_finding(kind, f"{message}; stderr tail:\n{tail}" if tail else f"{message}; no stderr output",
                                  {**details, "stderr_tail": tail})
         return IsolatedResult(case, [finding], replay, time.perf_counter() - started, kind)
+
+
+class IsolatedPool:
+    """`size` isolated children (each an `IsolatedRunner`, started at its first case), judging up to
+    `size` cases at once.
+
+    ``submit(case, device_name, ...)`` hands a case to the next free child and returns a `Future` of
+    its `IsolatedResult`; ``run_case`` is the same, waited for. A thread per child waits for its
+    answer, so this process goes on drawing cases meanwhile. A child's crash or hang is that case's
+    finding, as with one runner; an error of the harness itself (bad input, a child that cannot
+    start) is the future's exception.
+
+    ``with IsolatedPool(4, timeout_s=120) as pool: futures = [pool.submit(c, "cuda") for c in cases]``
+    """
+
+    def __init__(self, size: int, *, timeout_s: float = CASE_TIMEOUT_S,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        if size < 1:
+            raise InvalidArgument(f"--jobs={size}: must be >= 1 (the cases judged at once)")
+        self.size = size
+        self._free: queue.SimpleQueue[IsolatedRunner] = queue.SimpleQueue()
+        for _ in range(size):
+            self._free.put(IsolatedRunner(timeout_s=timeout_s, startup_timeout_s=startup_timeout_s))
+        self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="isolated-case")
+
+    def submit(self, case: Case, device_name: str = "cpu", **options) -> Future:
+        """A future of `IsolatedRunner.run_case(case, device_name, **options)` in a free child."""
+        return self._threads.submit(self._judge, case, device_name, options)
+
+    def run_case(self, case: Case, device_name: str = "cpu", **options) -> IsolatedResult:
+        return self.submit(case, device_name, **options).result()
+
+    def _judge(self, case: Case, device_name: str, options: dict) -> IsolatedResult:
+        runner = self._free.get()  # never waits: the pool has as many runners as threads
+        try:
+            return runner.run_case(case, device_name, **options)
+        finally:
+            self._free.put(runner)
+
+    def close(self) -> None:
+        """Waits for the cases being judged, then ends every child."""
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        for _ in range(self.size):
+            self._free.get().close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 _ERROR_LINE = re.compile(r"^(Fatal Python error: .+|([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)(: .*)?)$")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from harness.campaign import PROFILES, keeps_database, run_campaign
+from harness.campaign import PROFILES, check_jobs, keeps_database, run_campaign
 from harness.commands.options import add_common_options, check_semantics
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
@@ -46,7 +46,11 @@ def add_parser(sub) -> None:
                      help="draw every case: skip the hand-written seed cases of the protocol's shapes")
     parser.add_argument("--isolate", default="auto",
                      help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
-                          "finding: SECONDS | off | auto (120 on cuda, off on cpu)")
+                          "finding: SECONDS | off | auto (120 on cuda or with --jobs N > 1, off otherwise)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="judge up to N cases at once, each in its own child process (isolated), this process "
+                             "drawing the stream once; the count, the first detection and the shrunk case are those "
+                             "of one case at a time. The children share this run's GPU: a case is mostly host work")
     parser.add_argument("--from-db", action="store_true",
                      help="replay the failures stored in REPORT_DIR/examples and any --example-db, then the seed cases")
     parser.add_argument("--shard", default="1/1", help="K/N: judge only part K of N of the case stream (reproducible, "
@@ -95,7 +99,8 @@ def run(args) -> int:
     if args.gpu_share and device != "cuda":
         raise InvalidArgument(f"--gpu-share: workers share GPUs only with --device cuda and --workers N|auto "
                               f"(here --device {device})")
-    isolate_s = _isolate(args.isolate, device)
+    isolate_s = _isolate(args.isolate, device, jobs=args.jobs)
+    check_jobs(args.jobs, isolate_s)
     oracles = parse_oracles(args.oracles)
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
@@ -165,7 +170,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
                               shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
                               seeds=not args.no_seeds, keep_going=args.keep_going,
-                              shard=shard, shared_databases=shared, should_stop=stop)
+                              shard=shard, shared_databases=shared, should_stop=stop, jobs=args.jobs)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
     summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
@@ -223,7 +228,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
                 run_args += [flag, str(value)]
         run_args += [arg for db in databases for arg in ("--example-db", db)]
         run_args += (["--no-shrink"] if args.no_shrink else []) + (["--no-seeds"] if args.no_seeds else [])
-        run_args += ["--keep-going", str(args.keep_going)]
+        run_args += ["--keep-going", str(args.keep_going), "--jobs", str(args.jobs)]
         run_args += (["-q"] if args.quiet else []) + (
             ["-v"] if args.verbose else [])
         processes = WorkerProcesses(workers, run_args)
@@ -262,9 +267,9 @@ def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Pa
     replace_report(report_dir, replaced, build, staging=staging)
 
 
-def _isolate(value: str, device: str):
+def _isolate(value: str, device: str, *, jobs: int):
     if value == "auto":
-        return 120.0 if device == "cuda" else None
+        return 120.0 if device == "cuda" or jobs > 1 else None
     if value == "off":
         return None
     try:
