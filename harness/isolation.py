@@ -94,9 +94,9 @@ class IsolatedRunner:
                    "mutant": mutant, "oracles": sorted(oracles) if oracles is not None else None}
         replay = replay_command(case, target=target_spec, device=device_name, schedule=schedule, mutant=mutant,
                                 oracles=oracles)
-        self._ensure_child()
-        proc, mark = self._proc, self._stderr.seek(0, os.SEEK_END)
         started, timeout_s = time.perf_counter(), timeout_s or self.timeout_s
+        self.start()
+        proc, mark = self._proc, self._stderr.seek(0, os.SEEK_END)
         try:
             proc.stdin.write((json.dumps(request) + "\n").encode())
             proc.stdin.flush()
@@ -123,9 +123,14 @@ class IsolatedRunner:
                               "crash" if answer.get("context_error") else "judged", answer["phases"],
                               answer["gate_openings"])
 
+    def end_input(self) -> None:
+        """Tells the child there is no further case: its loop ends and it exits, in its own time."""
+        if self._proc is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+
     def close(self) -> None:
         if self._proc is not None:
-            self._proc.stdin.close()  # the child's loop ends at end of input
+            self.end_input()
             self._reap()
         if self._stderr is not None:
             self._stderr.close()
@@ -139,7 +144,9 @@ class IsolatedRunner:
 
     # -- the child ----------------------------------------------------------------------------------
 
-    def _ensure_child(self) -> None:
+    def start(self) -> None:
+        """Starts the child unless it runs (`run_case` does this itself; a pool starts its children
+        at once, so that they import torch side by side while this process draws its first cases)."""
         if self._proc is not None and self._proc.poll() is None:
             return
         if self._stderr is None:
@@ -208,7 +215,7 @@ class IsolatedRunner:
 
 
 class IsolatedPool:
-    """`size` isolated children (each an `IsolatedRunner`, started at its first case), judging up to
+    """`size` isolated children (each an `IsolatedRunner`, all started at once), judging up to
     `size` cases at once.
 
     ``submit(case, device_name, ...)`` hands a case to the next free child and returns a `Future` of
@@ -229,6 +236,8 @@ class IsolatedPool:
         for _ in range(size):
             self._free.put(IsolatedRunner(timeout_s=timeout_s, startup_timeout_s=startup_timeout_s))
         self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="isolated-case")
+        for _ in range(size):
+            self._threads.submit(self._start_one)  # a child that cannot start fails its first case, loudly
 
     def submit(self, case: Case, device_name: str = "cpu", **options) -> Future:
         """A future of `IsolatedRunner.run_case(case, device_name, **options)` in a free child."""
@@ -236,6 +245,13 @@ class IsolatedPool:
 
     def run_case(self, case: Case, device_name: str = "cpu", **options) -> IsolatedResult:
         return self.submit(case, device_name, **options).result()
+
+    def _start_one(self) -> None:
+        runner = self._free.get()
+        try:
+            runner.start()
+        finally:
+            self._free.put(runner)
 
     def _judge(self, case: Case, device_name: str, options: dict) -> IsolatedResult:
         runner = self._free.get()  # never waits: the pool has as many runners as threads
@@ -245,10 +261,14 @@ class IsolatedPool:
             self._free.put(runner)
 
     def close(self) -> None:
-        """Waits for the cases being judged, then ends every child."""
+        """Waits for the cases being judged, then ends every child: all are told at once, so that
+        they exit side by side."""
         self._threads.shutdown(wait=True, cancel_futures=True)
-        for _ in range(self.size):
-            self._free.get().close()
+        runners = [self._free.get() for _ in range(self.size)]
+        for runner in runners:
+            runner.end_input()
+        for runner in runners:
+            runner.close()
 
     def __enter__(self):
         return self
