@@ -168,6 +168,7 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
         check.need(shard, "count", "int", f"{where}shard.")
     check.need(data, "interrupted", "str", where, optional=True)
     check.need(data, "replayed_from_db", "int", where, optional=True)
+    check.need(data, "jobs", "int", where, optional=True)
     coverage = check.need(data, "coverage", "object", where, optional=True)
     if coverage is not None:
         check.need(coverage, "dimensions", "object", f"{where}coverage.")

@@ -109,6 +109,7 @@ def merge_summaries(sources: list[tuple[str, dict]], *, duration_s: float | None
         stand_ins=list({row["module"]: row for _, s in sources for row in s.get("stand_ins") or []}.values()),
         workers=[row for label, s in sources for row in worker_rows(label, s)],
         oracles=first.get("oracles"),
+        jobs=first.get("jobs"),  # each worker's, the same for all
     )
     coverage = [s["coverage"] for _, s in sources if s.get("coverage")]
     if coverage:

@@ -8,12 +8,14 @@ torch), so the campaigns are short.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 import harness.campaign as campaign_module
 from harness.campaign import run_campaign
 from harness.cli import main
+from harness.commands.run import AUTO_JOBS_MAX, auto_jobs
 from harness.errors import InvalidArgument
 from harness.isolation import IsolatedPool
 from harness.mutants.corpus import mutant_target
@@ -105,7 +107,8 @@ def test_a_crash_in_one_child_is_that_case_finding():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--jobs", "0"], "--jobs=0: must be >= 1"),
+    (["--jobs", "0"], "--jobs='0': a number of cases judged at once >= 1, or auto"),
+    (["--jobs", "many"], "--jobs='many': a number"),
     (["--jobs", "2", "--isolate", "off"], "--jobs=2: cases judged at once"),
 ])
 def test_bad_jobs_are_refused_before_any_work(tmp_path, capsys, argv, message):
@@ -126,3 +129,23 @@ def test_jobs_reach_the_summary_of_the_run(tmp_path, capsys):
     assert code == 0, capsys.readouterr()
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["jobs"] == 2 and summary["cases"] == 6
+
+
+@pytest.mark.parametrize("device, isolate_s, cores, processes, jobs", [
+    ("cuda", 120.0, 16, 1, 8),  # the H200 host: one per two cores
+    ("cuda", 120.0, 64, 1, AUTO_JOBS_MAX),
+    ("cuda", 120.0, 16, 8, 1),  # eight workers share the cores
+    ("cuda", 120.0, 16, 2, 4),
+    ("cuda", None, 16, 1, 1),  # --isolate off: no child to judge in
+    ("cpu", None, 16, 1, 1),  # the forwards are the work on the CPU
+])
+def test_auto_jobs_follow_the_cores_each_process_has(monkeypatch, device, isolate_s, cores, processes, jobs):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert auto_jobs(device, isolate_s, processes=processes) == jobs
+
+
+def test_auto_jobs_on_the_cpu_judge_in_this_process(tmp_path, capsys):
+    code = main(["run", "--device", "cpu", "--examples", "3", "--seed", "1", "-q", "--report-dir", str(tmp_path / "r")])
+    assert code == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["jobs"] == 1 and "isolation" not in summary["time"]

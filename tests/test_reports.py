@@ -221,6 +221,13 @@ def test_the_page_counts_the_race_gates_and_a_count_that_is_not_a_number_is_refu
         load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "race_gates": {"awaited": "many"}}))
 
 
+def test_the_page_says_how_many_cases_were_judged_at_once_and_refuses_a_count_that_is_not_one(tmp_path):
+    page = render_html(load_folder(write_folder(tmp_path / "ok", summary_json={**summary(), "jobs": 8})))
+    assert "<div><b>judged at once</b>8</div>" in page
+    with pytest.raises(InvalidArgument, match="jobs"):
+        load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "jobs": "eight"}))
+
+
 def test_a_leaked_race_gate_is_warned_about_and_a_clean_count_is_not():
     from harness.commands.run import gate_counts, gate_warnings
 

@@ -76,6 +76,11 @@ def test_the_race_gates_openings_are_summed_over_the_parts():
     assert "race_gates" not in merge_summaries([("a", shard_summary(1, 2)), ("b", shard_summary(2, 2))])
 
 
+def test_the_workers_jobs_reach_the_merged_summary():
+    merged = merge_summaries([("a", shard_summary(1, 2, jobs=4)), ("b", shard_summary(2, 2, jobs=4))])
+    assert merged["jobs"] == 4
+
+
 def test_a_folder_that_does_not_belong_is_refused_with_exit_2_naming_it(tmp_path, capsys):
     write_folder(tmp_path / "a", summary_json=shard_summary(1, 2))
     write_folder(tmp_path / "pr", summary_json={**shard_summary(2, 2), "semantics": "pr"})
