@@ -360,7 +360,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
 
     main_phases = [Phase.explicit] if from_db else [Phase.explicit, Phase.generate, Phase.target]
     passes = ([functools.partial(serial_pass, [Phase.reuse], partitioned=False)] if db is not None else []) + [
-        functools.partial(dealt_pass, main_phases) if jobs > 1 and runner else
+        functools.partial(dealt_pass, main_phases) if jobs > 1 else
         functools.partial(serial_pass, main_phases, partitioned=True)]
     try:
         for run_pass in passes:

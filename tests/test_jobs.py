@@ -149,3 +149,8 @@ def test_auto_jobs_on_the_cpu_judge_in_this_process(tmp_path, capsys):
     assert code == 0, capsys.readouterr()
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["jobs"] == 1 and "isolation" not in summary["time"]
+
+
+def test_a_random_profile_gets_a_seed_recorded_so_that_the_replay_draws_the_same_stream():
+    dealt = run_campaign(ReferenceTarget(), profile="dev", examples=3, isolate_s=ISOLATE_S, jobs=2)
+    assert isinstance(dealt.seed, int) and dealt.summary()["seed"] == dealt.seed
