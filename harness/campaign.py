@@ -286,18 +286,18 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             future = runner.submit(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
                                    oracles=oracles)
             dealt.append((position, case, schedule, future))
-        settle(wait_for="room")
+        settle(every_case=False)
 
-    def settle(*, wait_for: str) -> None:
+    def settle(*, every_case: bool) -> None:
         """--jobs: counts the dealt cases judged so far, in stream order, so that the count, the log and
-        the first detection are those of a campaign judging one case at a time. `wait_for`: "room"
-        waits while `jobs` cases are being judged, "all" until every dealt case is counted, "none"
-        not at all. A failure (without --keep-going) ends the pass: `FailureDealt`."""
+        the first detection are those of a campaign judging one case at a time. Waits while `jobs`
+        cases are being judged, or with `every_case` until every dealt case is counted. A failure
+        (without --keep-going) ends the pass: `FailureDealt`."""
         while dealt:
             position, case, schedule, future = dealt[0]
             if not future.done():
                 running = [entry[3] for entry in dealt if not entry[3].done()]
-                if wait_for == "none" or (wait_for == "room" and len(running) < jobs):
+                if not every_case and len(running) < jobs:
                     return
                 began = time.perf_counter()
                 futures.wait(running, return_when=futures.FIRST_COMPLETED)
@@ -342,9 +342,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                 with pinned_stream():
                     hypothesis_test(phases, partitioned=True, handle=deal, shrinks=False)()
             except CampaignInterrupted:
-                settle(wait_for="none")  # what was judged before the stop counts
+                settle(every_case=True)  # the cases in flight finish and count, as the one in flight does
                 raise
-            settle(wait_for="all")
+            settle(every_case=True)
             return
         except FailureDealt as stopped:
             failure, schedule = stopped.result, stopped.schedule

@@ -85,17 +85,17 @@ def test_a_replay_that_misses_the_failure_says_so_and_still_shrinks(monkeypatch,
     assert "did not meet its failing case" in capsys.readouterr().err
 
 
-def test_a_stop_keeps_the_cases_judged_before_it_in_stream_order():
-    stops = []
+def test_a_stop_counts_the_cases_in_flight_as_one_case_at_a_time_counts_its_one():
+    def stop_after(n):
+        polls = []
+        return lambda: "SIGINT" if polls.append(None) or len(polls) > n else None
 
-    def stop_after_six():
-        return "SIGINT" if stops.append(None) or len(stops) > 6 else None
-
+    one = run_campaign(ReferenceTarget(), examples=40, seed=11, should_stop=stop_after(6))
     dealt = run_campaign(ReferenceTarget(), examples=40, seed=11, isolate_s=ISOLATE_S, jobs=2,
-                         should_stop=stop_after_six)
-    assert dealt.interrupted == "SIGINT"
-    assert 1 <= dealt.cases <= 6
-    assert [record["stream"] for record in dealt.cases_log] == list(range(dealt.cases))
+                         should_stop=stop_after(6))
+    assert one.interrupted == dealt.interrupted == "SIGINT"
+    assert one.cases == dealt.cases == 6
+    assert _stream(dealt) == _stream(one)
 
 
 def test_a_crash_in_one_child_is_that_case_finding():
