@@ -14,10 +14,14 @@ raised by `cuStreamWriteValue32` was tried: the timer's driver call then waited 
 thread's allocation, which waited for the held stream, and neither returned). The device opens its
 gates when the host is done issuing a batch (`CudaDevice.open_gates`): each as soon as every other
 stream's work has run, or is itself waiting for the held stream beyond the gate (the scheduler that
-waits for the forward's event, as it should). A timer opens each gate at its deadline whatever
-happens, the old sleep's length: a host that blocks on the held stream inside the target (an
-implicit synchronisation: a pageable copy, a new allocation of pinned memory, the first launch of a
-kernel in the process, which CUDA loads lazily) waits no longer than it did behind the sleep.
+waits for the forward's event, as it should). A timer (`Deadline`) opens each gate at its deadline,
+the old sleep's length, unless the host thread that issued it is still issuing: a host that blocks
+on the held stream inside the target (an implicit synchronisation: a pageable copy, a new allocation
+of pinned memory, the first launch of a kernel in the process, which CUDA loads lazily) sits in one
+driver call, and its gate opens within a tick of the deadline; a host still busy issuing the batch
+(its innermost Python frame moves) keeps the window, up to MAX_EXTENSION_S more, so that a batch
+which takes longer to issue than the case's window (a loaded host, jobs sharing it) still meets
+the gate closed. The old sleep ended at its length whatever the host did.
 
 The driver is reached through ctypes (torch exposes no stream memory operations). A driver
 without them is an `EnvironmentBroken` (exit 3) when `--device cuda` is resolved, before any work,
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +42,10 @@ import torch
 
 from harness.errors import EnvironmentBroken
 
-__all__ = ["Gate", "GateWord", "gate_word", "hold", "leaked", "opening", "require_driver"]
+__all__ = ["Deadline", "Gate", "GateWord", "gate_word", "hold", "leaked", "opening", "require_driver"]
+
+PROGRESS_TICK_S = 0.005  # past its deadline, how often a gate's timer looks whether the host still issues
+MAX_EXTENSION_S = 1.0  # the longest a busy host keeps a gate closed past its deadline
 
 _CU_STREAM_WAIT_VALUE_GEQ = 0x0  # wait until (int32)(*addr - value) >= 0
 _WAIT_VALUE_SYMBOLS = ("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
@@ -54,7 +62,7 @@ class Gate:
     stream_id: int  # the harness stream it holds
     seq: int  # its place in the tracker's program order of that stream (`HappensBefore.mark`)
     issued_at: float  # host perf_counter seconds
-    timer: threading.Timer
+    timer: "Deadline"
     passed: torch.cuda.Event  # recorded on the stream right behind the gate
     opened_by: Optional[str] = None  # None while it holds
     held_s: Optional[float] = None  # host seconds from issue to opening
@@ -107,13 +115,50 @@ def gate_word() -> GateWord:
     return _WORD
 
 
+class Deadline(threading.Thread):
+    """The timer of gate `number`: at `deadline_s` it opens the gate, unless the thread that issued
+    it (`host_thread`) is still making progress; it then looks every PROGRESS_TICK_S and opens the
+    gate at the first look that finds the host where the last one did (blocked in one call: the
+    driver waiting for the held stream, as likely as not), or MAX_EXTENSION_S past the deadline.
+    `cancel()` when the host opens the gate itself."""
+
+    def __init__(self, word: GateWord, number: int, deadline_s: float, host_thread: int,
+                 where: Callable[[int], object]):
+        super().__init__(name=f"race-gate-{number}", daemon=True)
+        self.word, self.number, self.deadline_s, self.host_thread = word, number, deadline_s, host_thread
+        self.where = where
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def run(self) -> None:
+        if self.cancelled.wait(self.deadline_s):
+            return
+        extended_until = time.perf_counter() + MAX_EXTENSION_S
+        last = self.where(self.host_thread)
+        while not self.cancelled.wait(PROGRESS_TICK_S):
+            now = self.where(self.host_thread)
+            if now == last or time.perf_counter() >= extended_until:
+                self.word.open(self.number)
+                return
+            last = now
+
+
+def host_position(thread: int) -> Optional[tuple[int, int, int]]:
+    """Where `thread` is: its innermost Python frame and the instruction in it. The same position at
+    two looks PROGRESS_TICK_S apart means the thread sat in one call (a C call: the driver's) meanwhile."""
+    frame = sys._current_frames().get(thread)
+    return None if frame is None else (id(frame.f_code), id(frame), frame.f_lasti)
+
+
 def hold(word: GateWord, stream: torch.cuda.Stream, stream_id: int, seq: int, deadline_s: float) -> Gate:
-    """A gate on `stream`, with its timer started: it opens after `deadline_s` at the latest."""
+    """A gate on `stream`, with its timer started (`Deadline`): it opens after `deadline_s`, or
+    later while this thread goes on issuing."""
     number = word.hold(stream)
     passed = torch.cuda.Event()
     torch._C._CudaEventBase.record(passed, stream)  # the harness's own: not a target's event to track
-    timer = threading.Timer(deadline_s, word.open, (number,))
-    timer.daemon = True
+    timer = Deadline(word, number, deadline_s, threading.get_ident(), host_position)
     timer.start()
     return Gate(number, stream_id, seq, time.perf_counter(), timer, passed)
 
