@@ -20,17 +20,18 @@ import dataclasses
 import faulthandler
 import json
 import os
+import queue
 import re
 import select
 import signal
 import subprocess
 import sys
-import queue
 import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 
@@ -42,6 +43,7 @@ from harness.targets import load_target
 CASE_TIMEOUT_S = 300.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine is slow
 STDERR_TAIL_CHARS = 2000
+T = TypeVar("T")  # what work handed to a free runner of a pool returns
 _ERRORS = {"InvalidArgument": InvalidArgument, "EnvironmentBroken": EnvironmentBroken}
 
 
@@ -236,27 +238,20 @@ class IsolatedPool:
         for _ in range(size):
             self._free.put(IsolatedRunner(timeout_s=timeout_s, startup_timeout_s=startup_timeout_s))
         self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="isolated-case")
-        for _ in range(size):
-            self._threads.submit(self._start_one)  # a child that cannot start fails its first case, loudly
+        for _ in range(size):  # a child that cannot start fails its first case, loudly
+            self._threads.submit(self._on_free_runner, IsolatedRunner.start)
 
     def submit(self, case: Case, device_name: str = "cpu", **options) -> Future:
         """A future of `IsolatedRunner.run_case(case, device_name, **options)` in a free child."""
-        return self._threads.submit(self._judge, case, device_name, options)
+        return self._threads.submit(self._on_free_runner, lambda runner: runner.run_case(case, device_name, **options))
 
     def run_case(self, case: Case, device_name: str = "cpu", **options) -> IsolatedResult:
         return self.submit(case, device_name, **options).result()
 
-    def _start_one(self) -> None:
-        runner = self._free.get()
-        try:
-            runner.start()
-        finally:
-            self._free.put(runner)
-
-    def _judge(self, case: Case, device_name: str, options: dict) -> IsolatedResult:
+    def _on_free_runner(self, work: Callable[[IsolatedRunner], T]) -> T:
         runner = self._free.get()  # never waits: the pool has as many runners as threads
         try:
-            return runner.run_case(case, device_name, **options)
+            return work(runner)
         finally:
             self._free.put(runner)
 
