@@ -7,6 +7,11 @@ when triton is first imported (interpreted unless a GPU is visible; TRITON_INTER
 On CUDA, SGLang's modules take their CUDA branches at import, which import its CUDA kernel packages
 (`sgl_kernel` from sglang-kernel, ...): those must be installed as SGLang's own requirements say.
 
+Every released sglang with this path (0.5.19 to 0.5.23) is recognised as one API generation
+(`generations.py`: `resolver` 0.5.23, `pr-late` 0.5.21-0.5.22, `pr-early` 0.5.19-0.5.20), named with the
+version in the target's description. The configuration namespaces SGLang reads are published by SGLang's
+own ServerArgs resolution of a tiny DSV4 model (`server.py`).
+
 Install (its own environment: SGLang pins torch 2.14.1, and the CPU build of torch 2.13.0 cannot import
 torchvision, which sglang imports):
 
@@ -14,6 +19,9 @@ torchvision, which sglang imports):
     .venv-sglang/bin/pip install -r harness/sglang_target/requirements-cpu.txt
     .venv-sglang/bin/pip install --no-deps sglang==0.5.23
     .venv-sglang/bin/pip install --no-deps -e .
+
+A PR-era release (0.5.19, 0.5.20, 0.5.21) takes `requirements-cpu-pr.txt` instead (transformers 5.12.1),
+0.5.22 `requirements-cpu.txt`; one environment per version, `.venv-sglang-0.5.NN`.
 """
 
 from __future__ import annotations

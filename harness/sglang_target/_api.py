@@ -20,6 +20,7 @@ other kind of device is refused with the setting that would fix it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import importlib
@@ -37,54 +38,42 @@ from importlib.metadata import version as dist_version
 from typing import Any
 
 from harness.errors import EnvironmentBroken
+from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_BACKEND, BUFFER_REGISTRY, GENERATIONS,
+                                               GRAPH_CONFIG, GRAPH_RUNNER, KERNELS, KV_TRANSLATOR, SHAPE_KEY,
+                                               SPARSE_UTILS, SPEC, TC_BACKEND, Generation, recognise)
 
-BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
-BASE_BACKEND = "sglang.srt.layers.attention.base_attn_backend"
-SPARSE_UTILS = "sglang.srt.layers.attention.dsv4.sparse_prefill_utils"
-KERNELS = "sglang.kernels.ops.attention.dsv4.sparse_prefill_kernels"
 TRITON_KERNELS = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")  # SGLang's own, in KERNELS
 PUBLISHER = "sglang.srt.model_executor.runner_utils.shared_read_event"
-SPEC = "sglang.srt.speculative.spec_info"
 ENVIRON = "sglang.srt.environ"
 RUNTIME = "sglang.srt.runtime_context"
 FORWARD = "sglang.srt.model_executor.forward_batch_info"
 CP_BASE = "sglang.srt.layers.cp.base"
 CP_UTILS = "sglang.srt.layers.cp.utils"
 BUCKETS = "sglang.srt.arg_groups.cuda_graph_hook"
-GRAPH_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 BASE_GRAPH_RUNNER = "sglang.srt.model_executor.runner.base_cuda_graph_runner"
-SHAPE_KEY = "sglang.srt.model_executor.runner.shape_key"
 SCHEDULER = "sglang.srt.managers.scheduler"
 TP_WORKER = "sglang.srt.managers.tp_worker"
 SPEC_WORKER = "sglang.srt.speculative.base_spec_worker"
 EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
-BUFFER_REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
-TC_BACKEND = "sglang.srt.model_executor.runner_backend.tc_piecewise_cuda_graph_backend"
-BREAKABLE_BACKEND = "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend"
-GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 LOGITS = "sglang.srt.layers.logits_processor"
-KV_TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator"
+SERVER_ARGS = "sglang.srt.server_args"
 
-# (module, dotted attribute) every semantics needs.
+# (module, dotted attribute) every generation needs; each generation's own names are in `generations`.
 _COMMON = [
-    (BACKEND, "DeepseekV4AttnBackend"), (BACKEND, "DeepseekV4AttnBackend._use_sparse_prefill"),
-    (BACKEND, "DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache"),
+    (BACKEND, "DeepseekV4AttnBackend"), (BACKEND, "DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache"),
     (BACKEND, "DeepseekV4AttnBackend.shared_read_ends"), (BACKEND, "DeepseekV4AttnBackend.get_swa_out_cache_loc"),
     (BACKEND, "DSV4Metadata"), (BACKEND, "SWA_WINDOW"),
     (BASE_BACKEND, "SharedReadEnds"),
     (SPARSE_UTILS, "SparsePrefillChunkCache.build"), (SPARSE_UTILS, "SparsePrefillChunkCache.ensure_c128"),
-    (SPARSE_UTILS, "SparsePrefillChunkCache.ensure_compressed"),
-    (SPARSE_UTILS, "SparsePrefillChunkCache.combine_compressed"), (SPARSE_UTILS, "SparsePrefillKVBuffer"),
-    (KERNELS, "build_swa_token_ids"), (KERNELS, "combine_topk_swa_indices"),
     *((KERNELS, name) for name in TRITON_KERNELS),
     (PUBLISHER, "maybe_publish_prefill_shared_read_done"),
     (SPEC, "SpeculativeAlgorithm"), (SPEC, "SpeculativeAlgorithm.is_dflash_family"),
     (ENVIRON, "envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE"), (ENVIRON, "envs.SGLANG_FORCE_COARSE_WAR_BARRIER"),
     (ENVIRON, "envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"),
     (RUNTIME, "get_context"), (RUNTIME, "get_memory"), (RUNTIME, "_ConfigBag"),
-    (FORWARD, "ForwardMode"), (CP_BASE, "get_cp_strategy"), (CP_BASE, "_STRATEGY"), (CP_UTILS, "is_cp_active"),
+    (FORWARD, "ForwardMode"), (CP_BASE, "get_cp_strategy"), (CP_BASE, "_STRATEGY"),
     (BUCKETS, "generate_prefill_cuda_graph_batch_sizes"),
     (GRAPH_RUNNER, "_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR"),
     (BASE_GRAPH_RUNNER, "BaseCudaGraphRunner._pad_to_bucket"),
@@ -98,24 +87,10 @@ _COMMON = [
     (FORWARD, "CaptureHiddenMode"), (LOGITS, "LogitsProcessorOutput"), (KV_TRANSLATOR, "KVIndexTranslator"),
     (MODEL_RUNNER, "ModelRunner.prepare_dummy_forward_batch"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
+    (SERVER_ARGS, "ServerArgs"), (RUNTIME, "publish"),
 ]
-# The 0.5.23 form: an explicit resolver, the spec gate at publish time, the replay prep returning the ends.
-_RESOLVER = [
-    (BASE_BACKEND, "AttentionBackend.resolve_prefill_shared_read_ends"),
-    (BACKEND, "DeepseekV4AttnBackend._snapshot_prefill_shared_reads"),
-    (SPEC, "SpeculativeAlgorithm.supports_prefill_shared_read_done"),
-    (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
-    (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
-    (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
-    (BUFFER_REGISTRY, "build_prefill_registry"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
-    (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"),
-    (SHAPE_KEY, "ShapeKey"),
-]
-# The PR-era form (#35947 as merged): a backend hook and a flag on the metadata.
-_PR_ERA = [
-    (BASE_BACKEND, "AttentionBackend.prepare_prefill_shared_read_snapshot"),
-    (BACKEND, "DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot"),
-]
+# Whether a batch runs context-parallel: `is_cp_active` from 0.5.20 on, `is_cp_v2_active` in 0.5.19.
+CP_PREDICATES = ("is_cp_active", "is_cp_v2_active")
 
 
 # Compiled extensions SGLang imports on a CUDA host, stood in only where they cannot be loaded.
@@ -222,19 +197,29 @@ class SglangApi:
     """The real SGLang objects, by role."""
 
     version: str
-    semantics: str  # "0.5.23" (resolver) or "pr" (prepare_prefill_shared_read_snapshot)
-    semantics_detail: str
+    generation: Generation  # the API generation this version belongs to (`generations`)
     kernels_on: str = "cpu"  # "cpu": Triton kernels interpreted; "cuda": compiled
     mods: dict[str, Any] = field(default_factory=dict)
     stand_ins: StandIns = field(default_factory=StandIns)
 
     @property
+    def semantics(self) -> str:
+        """The reference model's semantics of this version's design: "0.5.23" (resolver) or "pr"."""
+        return self.generation.semantics
+
+    @property
     def backend_cls(self):
         return self.mods["backend"].DeepseekV4AttnBackend
 
+    def is_cp_active(self, forward_batch) -> bool:
+        """This version's own predicate for a context-parallel batch (renamed in 0.5.20)."""
+        cp_utils = self.mods["cp_utils"]
+        return next(getattr(cp_utils, name) for name in CP_PREDICATES if hasattr(cp_utils, name))(forward_batch)
+
     def describe(self) -> str:
         how = "interpreted, CPU" if self.kernels_on == "cpu" else "compiled, CUDA"
-        return f"sglang {self.version}, {self.semantics_detail}, Triton kernels {how}"
+        return (f"sglang {self.version}, adapter {self.generation.name}: {self.generation.detail}, "
+                f"Triton kernels {how}")
 
     def check_device(self, kind: str) -> None:
         """SGLang's kernels run on the device kind they were defined for in this process."""
@@ -309,14 +294,14 @@ def load_api() -> SglangApi:
         return lost
 
     missing += have(_COMMON)
-    lost_resolver, lost_pr = have(_RESOLVER), have(_PR_ERA)
-    if not lost_resolver:
-        semantics, detail = "0.5.23", "0.5.23 resolver (resolve_prefill_shared_read_ends + _snapshot_prefill_shared_reads)"
-    elif not lost_pr:
-        semantics, detail = "pr", "PR-era hook (prepare_prefill_shared_read_snapshot + prefill_shared_reads_snapshotted)"
+    generation = recognise(lambda module, dotted: not have([(module, dotted)]))
+    if generation is None:
+        missing += [f"{module}.{dotted} (the {g.name} generation's marker)" for g in GENERATIONS
+                    for module, dotted in g.markers if have([(module, dotted)])]
     else:
-        semantics, detail = "", ""
-        missing += lost_resolver + [f"{m} (or, PR-era: {', '.join(lost_pr)})" for m in lost_resolver[:1]]
+        missing += have(generation.names)
+    if not any(not have([(CP_UTILS, name)]) for name in CP_PREDICATES):
+        missing.append(f"{CP_UTILS}.{' or '.join(CP_PREDICATES)}")
     if import_errors:  # the first failure is the cause; later ones are often its echo (a half-imported package)
         raise EnvironmentBroken(f"--target sglang: the installed sglang {version} does not import here: "
                                 f"{next(iter(import_errors.values()))}; {len(dict.fromkeys(missing))} of the "
@@ -331,22 +316,21 @@ def load_api() -> SglangApi:
         buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, scheduler=SCHEDULER,
         tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER, model_runner=MODEL_RUNNER,
         buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
-        kv_translator=KV_TRANSLATOR).items()}
-    if semantics == "0.5.23":
+        kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS).items()}
+    if generation.real_graph_runner:
         mods.update({name: importlib.import_module(path) for name, path in dict(
             shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
             graph_config=GRAPH_CONFIG).items()})
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)
-    want = "shared_read_ends" if semantics == "0.5.23" else "forward_batch"
+    want = "shared_read_ends" if generation.publishes_from_read_end else "forward_batch"
     if len(params) < 3 or params[1] != want:
         raise EnvironmentBroken(f"--target sglang: sglang {version} maybe_publish_prefill_shared_read_done{params} "
-                                f"does not take {want!r} second, as {detail} needs")
+                                f"does not take {want!r} second, as the {generation.name} generation needs")
     kernels_on = _check_kernels(mods["kernels"], version)
     if kernels_on == "cpu":
-        _tune_interpreter(mods["kernels"])
-    return SglangApi(version=version, semantics=semantics, semantics_detail=detail, kernels_on=kernels_on, mods=mods,
-                     stand_ins=stand_ins)
+        _tune_interpreter(mods["kernels"], mods["swa_kernels"])
+    return SglangApi(version=version, generation=generation, kernels_on=kernels_on, mods=mods, stand_ins=stand_ins)
 
 
 def _check_kernels(kernels, version: str) -> str:
@@ -368,8 +352,9 @@ def _check_kernels(kernels, version: str) -> str:
     return "cpu" if interpreted[TRITON_KERNELS[0]] else "cuda"
 
 
-def _tune_interpreter(kernels) -> None:
-    """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches."""
+def _tune_interpreter(kernels, launcher) -> None:
+    """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches.
+    `launcher`: the module whose wrapper launches the combine kernel (it holds its own reference to it)."""
     from triton.runtime import interpreter
 
     # The interpreter checks every int32 add/sub/mul for overflow, a debug check that compiled kernels run
@@ -378,11 +363,39 @@ def _tune_interpreter(kernels) -> None:
     options_cls = getattr(interpreter, "InterpreterOptions", None)
     if builder is not None and options_cls is not None and getattr(builder.options, "sanitize_overflow", False):
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    _loop_variables_as_tensors(interpreter)
     combine = kernels._combine_topk_swa_indices_kernel
     if not isinstance(combine, RetiledCombineKernel):
         params = inspect.signature(combine.fn).parameters
         if "BLOCK_T" in params and "num_tokens" in params:
-            kernels._combine_topk_swa_indices_kernel = RetiledCombineKernel(combine)
+            retiled = RetiledCombineKernel(combine)
+            for module in {kernels, launcher}:
+                module._combine_topk_swa_indices_kernel = retiled
+
+
+def _loop_variables_as_tensors(interpreter) -> None:
+    """Triton's interpreter runs `for i in range(start, end, step)` over Python ints, where a compiled kernel's
+    induction variable is a tensor: the PR-era combine kernel's `token_idx.to(tl.int64)` works compiled and
+    raises interpreted. Its source rewriter already makes every assigned value a tensor (`to_tensor`); a loop
+    body now starts by doing the same to its loop variable. Nothing else of the kernel changes."""
+    transformer = interpreter.ASTTransformer
+    if "visit_For" in vars(transformer):
+        return
+
+    def visit_for(self, node):
+        self.generic_visit(node)
+        if isinstance(node.target, ast.Name):
+            name = node.target.id
+            as_tensor = ast.Call(
+                func=ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()), attr="to_tensor",
+                                   ctx=ast.Load()),
+                args=[ast.Name(id=name, ctx=ast.Load()), ast.Constant(value=False)], keywords=[])
+            node.body.insert(0, ast.copy_location(
+                ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=as_tensor), node))
+            ast.fix_missing_locations(node)
+        return node
+
+    transformer.visit_For = visit_for
 
 
 class RetiledCombineKernel:

@@ -12,10 +12,9 @@ On the CPU there are no streams, so the simulator is registered with torch as a 
 records on the simulator stream it is given, or on the current one, as CUDA does, so an event SGLang
 records on the wrong stream is recorded there, and the tracker sees it.
 
-The runtime context: a server publishes its configuration namespaces at start (`memory`, `model`, the
-parallel widths); `published_namespaces` publishes the few leaves the driven code reads, with the values
-of a single-GPU server, and `sglang_config` sets the case's switches through SGLang's own override
-objects.
+The runtime context: a server publishes its configuration namespaces at start (`server.publish`, SGLang's
+own resolution of a tiny DSV4 model's arguments); `sglang_config` sets the case's switches (and one rank of
+each parallel width) through SGLang's own override objects.
 """
 
 from __future__ import annotations
@@ -35,12 +34,12 @@ from harness.errors import EnvironmentBroken
 SIM_BACKEND = "streamsim"  # torch's device-string parser takes letters only
 CP_SIZE = 2  # the CP width the harness models when a case turns CP on
 
-# Leaves of the namespaces a server publishes that the driven code reads, with a single-GPU server's values.
-_NAMESPACES = {
-    "memory": {"enable_hierarchical_cache": False, "hicache_storage_backend": None, "enable_lmcache": False},
-    "model": {"shared_experts": None},
-}
-_PARALLEL = {"num_dp_ranks": 1, "attn_dcp_size": 1, "pp_size": 1, "attn_cp_size": CP_SIZE}
+# A server of one attention-TP rank with the harness's CP width, consistent as SGLang checks on every override:
+# tp = attn_tp * attn_dp * attn_cp = moe_ep * moe_dp * moe_tp.
+_PARALLEL = {"attn_dcp_size": 1, "pp_size": 1, "attn_cp_size": CP_SIZE, "attn_tp_size": 1, "tp_size": CP_SIZE,
+             "moe_tp_size": CP_SIZE, "moe_ep_size": 1, "moe_dp_size": 1}
+# The attention-DP width's override name: `num_dp_ranks` in 0.5.23, `attn_dp_size` before.
+_DP_WIDTH_NAMES = ("num_dp_ranks", "attn_dp_size")
 
 
 # -- the simulator as a torch device ---------------------------------------------------------------------
@@ -222,17 +221,21 @@ class TrackedStream(torch.cuda.ExternalStream):
 
 # -- the runtime context and the case's switches -------------------------------------------------------
 
-def published_namespaces(api) -> None:
-    """Publish the configuration namespaces a server would have published at start (each once)."""
+def _parallel_fields(api) -> frozenset:
+    """The names this version's `get_parallel().override` accepts (a constant before 0.5.23, derived since)."""
     runtime = api.mods["runtime"]
-    ctx = runtime.get_context()
-    for name, leaves in _NAMESPACES.items():
-        if ctx.is_config_namespace_published(name):
-            continue
-        bag = runtime._ConfigBag(name)
-        for leaf, value in leaves.items():
-            bag._set(leaf, value)
-        ctx._config_bags = {**(ctx._config_bags or {}), name: bag}
+    fields = getattr(runtime, "_PARALLEL_FIELDS", None)
+    return fields if fields is not None else runtime._parallel_fields()
+
+
+def one_dp_rank(api) -> dict:
+    """`get_parallel().override(**one_dp_rank(api))`: one attention-DP rank, by this version's name."""
+    fields = _parallel_fields(api)
+    name = next((n for n in _DP_WIDTH_NAMES if n in fields), None)
+    if name is None:
+        raise EnvironmentBroken(f"--target sglang: this sglang's parallel overrides name no DP width "
+                                f"(none of {', '.join(_DP_WIDTH_NAMES)})")
+    return {name: 1}
 
 
 def _scoped_env(field, value):
@@ -270,7 +273,6 @@ class _ActiveCP:
 def sglang_config(api, case: Case) -> Iterator[None]:
     """The case's switches, set through SGLang's own configuration objects, for the host-side calls."""
     flags, envs = case.flags, api.mods["environ"].envs
-    published_namespaces(api)
     runtime, cp_base = api.mods["runtime"], api.mods["cp_base"]
     saved_cp = cp_base._STRATEGY
     with contextlib.ExitStack() as stack:
@@ -280,7 +282,12 @@ def sglang_config(api, case: Case) -> Iterator[None]:
         stack.enter_context(runtime.get_memory().override(
             enable_hierarchical_cache=flags.hierarchical_cache,
             hicache_storage_backend="file" if flags.hicache_storage else None, enable_lmcache=flags.lmcache))
-        stack.enter_context(runtime.get_parallel().override(**_PARALLEL, enable_cp_tp_group_sharing=flags.cp_active))
+        parallel = {**_PARALLEL, **one_dp_rank(api)}
+        if "enable_cp_tp_group_sharing" in _parallel_fields(api):  # 0.5.23: the model owns the CP row layout
+            parallel["enable_cp_tp_group_sharing"] = flags.cp_active
+        stack.enter_context(runtime.get_parallel().override(**parallel))
+        if hasattr(envs, "SGLANG_ENABLE_CP_V2"):  # 0.5.19: CP runs only with CP-v2 switched on
+            stack.enter_context(envs.SGLANG_ENABLE_CP_V2.override(flags.cp_active))
         cp_base._STRATEGY = _ActiveCP() if flags.cp_active else None
         try:
             yield

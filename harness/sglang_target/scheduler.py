@@ -13,7 +13,7 @@ real Scheduler would do around them is the harness's:
   loop does; the second has no batch and processes the first one's result (`pop_and_process`): the
   harness's mutator, on the schedule stream the loop runs on. Then `gracefully_exit` ends the loop.
 
-Replaced: request intake (`ingest_requests`), batch selection (`get_next_batch_to_run` returns the case's
+Replaced: request intake (`ingest_requests`; before 0.5.21 `request_receiver` and `process_input_requests`), batch selection (`get_next_batch_to_run` returns the case's
 batch), the batch object (`ShellBatch`: the fields the loop reads), result processing (the mutator),
 sampling and idle checks (no-ops).
 """
@@ -63,6 +63,7 @@ class SchedulerShell:
         self._process: Callable[[], None] = lambda: None
         self.outputs: Any = None
         self.loops_dispatched = 0
+        self.request_receiver = SimpleNamespace(recv_requests=self._receive)  # the intake before 0.5.21
         for name in ("run_event_loop", "_apply_war_barrier", "is_disable_overlap_for_batch"):
             setattr(self, name, MethodType(getattr(sched.Scheduler, name), self))
         self._real_overlap_loop = MethodType(sched.Scheduler.event_loop_overlap, self)
@@ -75,6 +76,14 @@ class SchedulerShell:
 
     def ingest_requests(self) -> None:
         self._iterations += 1
+
+    def _receive(self) -> list:
+        """`request_receiver.recv_requests()`, the loop's intake before 0.5.21: one iteration, no request."""
+        self.ingest_requests()
+        return []
+
+    def process_input_requests(self, recv_reqs) -> None:
+        """The intake's second half before 0.5.21: nothing arrived."""
 
     def get_next_batch_to_run(self, *, running_batch, last_batch):
         batch = self._plan[0] if self._iterations == 1 else None

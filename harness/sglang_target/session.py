@@ -77,7 +77,8 @@ from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
 from harness.probe import Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, Publish, Snapshot, SwaLocFallback
-from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, published_namespaces,
+from harness.sglang_target import server
+from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, one_dp_rank,
                                             register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
 from harness.targets import Classes, ReferenceSession
@@ -104,6 +105,38 @@ class DeferredChunkCache:
         return self.value
 
 
+# -- the chunk cache's compressed-layer inputs, by API generation ------------------------------------------
+
+def _c128_inputs_compressed(cache, core_view, c128):
+    """0.5.21 on: `layer_inputs` gathers every c128 block and combines once per chunk."""
+    flat, idx, _ = cache.layer_inputs(128, core_view, 1)
+    return flat, idx
+
+
+def _c4_inputs_compressed(cache, block_table, raw4):
+    """0.5.21 on: the gather once per chunk (`ensure_compressed`), the combine per layer."""
+    flat = cache.ensure_compressed(4, block_table, 1).flat_token_ids
+    idx, _ = cache.combine_compressed(4, raw4)
+    return flat, idx
+
+
+def _c128_inputs_c4_era(cache, core_view, c128):
+    """0.5.19 and 0.5.20: `ensure_c128` fills the cache's c128 fields."""
+    cache.ensure_c128(c128)
+    return cache.c128_flat_token_ids, cache.c128_combined_indices
+
+
+def _c4_inputs_c4_era(cache, block_table, raw4):
+    """0.5.19 and 0.5.20: `ensure_c4` then `combine_c4_layer`."""
+    cache.ensure_c4(block_table, 1)
+    idx, _ = cache.combine_c4_layer(c4_sparse_raw_indices=raw4)
+    return cache.c4_flat_token_ids, idx
+
+
+_COMPRESSED_INPUTS = {"compressed": (_c128_inputs_compressed, _c4_inputs_compressed),
+                      "c4": (_c128_inputs_c4_era, _c4_inputs_c4_era)}
+
+
 # -- shims: what the real backend and the publisher read of the pool ----------------------------------------
 
 class PoolShim:
@@ -120,6 +153,16 @@ class PoolShim:
 
     def get_swa_key_page_size(self) -> int:
         return self.pool.page_size
+
+    @property
+    def swa_window_size(self) -> int:
+        """The PR-era name of the SWA pool's page size (0.5.19 and 0.5.20 read it for the chunk cache)."""
+        return self.pool.page_size
+
+    @property
+    def swa_kv_pool(self) -> SimpleNamespace:
+        """The SWA pool itself, whose page size 0.5.21 and 0.5.22 read for the chunk cache."""
+        return SimpleNamespace(page_size=self.pool.page_size)
 
     def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
         """A read of the live mapping, launched; int32 so that the caller's `.to(torch.int32)` keeps this tensor."""
@@ -198,7 +241,7 @@ class SglangSession(ReferenceSession):
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
-        published_namespaces(api)
+        server.publish(api, "cuda" if device.kind == "cuda" else "cpu")
         self.bridge = CudaEventBridge(device) if device.kind == "cuda" else None
         self.model_runner = SglangModelRunner(self)
         spec = self.model_runner.spec_algorithm
@@ -294,6 +337,11 @@ class SglangModelRunner:
         self.support_pp, self.is_generation = False, True
         self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True)  # one pipeline stage
         self.graph_shared_output = None  # no logits buffer shared with the graphs: the harness has no logits
+        # One decode-context-parallel rank, as the PR-era eager runner asks it (0.5.21's name, then 0.5.19's).
+        self.attn_dcp_size = 1
+        self.ps = SimpleNamespace(attn_dcp_size=1)
+        # What the PR-era eager runner reads of the prefill graph runner: only on HIP, which is not modelled.
+        self.prefill_cuda_graph_runner = None
         real = api.mods["model_runner"].ModelRunner
         for method in ("_pp_kwargs", "_extend_forward_kwargs", "prepare_dummy_forward_batch"):
             setattr(self, method, MethodType(getattr(real, method), self))
@@ -343,19 +391,20 @@ class SglangModelRunner:
         backend.token_to_kv_pool = PoolShim(session.token_to_kv_pool, self.harness_device, self.probe)
         backend.hisparse_coordinator = object() if self.case.flags.hisparse else None
         backend.forward_metadata = None
-        backend.sparse_prefill_kv_buffer = api.mods["sparse_utils"].SparsePrefillKVBuffer(tdev)
+        buffer_attr, buffer_cls = api.generation.kv_buffer
+        setattr(backend, buffer_attr, getattr(api.mods["sparse_utils"], buffer_cls)(tdev))
         backend.init_forward_metadata = self._init_forward_metadata
         backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = self._prepare_bcg_replay
         backend._build_sparse_prefill_chunk_cache = self._deferred_chunk_cache
-        resolve_name = ("resolve_prefill_shared_read_ends" if api.semantics == "0.5.23"
-                        else "prepare_prefill_shared_read_snapshot")
+        resolve_name = api.generation.hook
         real_resolve = getattr(backend, resolve_name)
 
         def resolve_observed(forward_batch, **kwargs):
             """The real resolver, called through; the probe notes what it decided (for the policy oracle)."""
             issued = self.builds_issued
             ends = real_resolve(forward_batch, **kwargs)
-            snapshotted = (ends is api.mods["base_backend"].SharedReadEnds.PRE_REPLAY if api.semantics == "0.5.23"
+            snapshotted = (ends is api.mods["base_backend"].SharedReadEnds.PRE_REPLAY
+                           if api.generation.publishes_from_read_end
                            else getattr(backend.forward_metadata, "prefill_shared_reads_snapshotted", False))
             if snapshotted:
                 self.probe.note(Snapshot(num_qo_tokens=kwargs["num_qo_tokens"], sparse=self.builds_issued > issued))
@@ -374,7 +423,7 @@ class SglangModelRunner:
         runner.device, runner.device_module = self.device, self.device_module
         runner.enable_pdmux = False
         max_tokens = sizes.max_reqs * sizes.max_context
-        with api.mods["runtime"].get_parallel().override(num_dp_ranks=1):
+        with api.mods["runtime"].get_parallel().override(**one_dp_rank(api)):
             runner._eager_registry = api.mods["buffer_registry"].build_eager_registry(
                 device=self.harness_device.torch_device, max_bs=sizes.max_reqs, max_num_token=max_tokens,
                 cache_loc_dtype=torch.int64)
@@ -402,7 +451,8 @@ class SglangModelRunner:
         # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
         # load_batch binds it to its static buffer).
         translator = self.kv_index_translator
-        translator.own_plan(batch).bind(batch, translator)
+        if self.api.generation.binds_kv_plan:
+            translator.own_plan(batch).bind(batch, translator)
         return batch
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
@@ -422,7 +472,8 @@ class SglangModelRunner:
         batch = self.sglang_batch(fb)
         self.live_batch = fb
         try:
-            with contexts.forward_context(contexts.ForwardContext(attn_backend=self.attn_backend), forward_batch=batch):
+            batch_kwargs = {"forward_batch": batch} if self.api.generation.context_takes_batch else {}
+            with contexts.forward_context(contexts.ForwardContext(attn_backend=self.attn_backend), **batch_kwargs):
                 # Decode and idle batches go to the decode graph runner (not this path's); the prefill one decides
                 # the rest itself (it refuses target-verify).
                 if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
@@ -446,17 +497,26 @@ class SglangModelRunner:
         core = self.harness.attn_backend.build_core_metadata(fb)
         mods, tdev = self.api.mods, self.harness_device.torch_device
         ratios = tuple(sorted({r for r in self.case.dims.layer_ratios if r}))
-        real = mods["backend"].DSV4AttnMetadata(
+        values = dict(
             page_size=core.page_size, page_table=core.page_table, raw_out_loc=core.raw_out_loc,
             cuda_int32_kwargs={"dtype": torch.int32, "device": tdev}, seq_lens_casual=core.seq_lens_casual,
             positions_casual=core.positions_casual, swa_page_indices=core.swa_page_indices,
             swa_topk_lengths=core.swa_topk_lengths, index_topk=core.index_topk, present_ratios=ratios,
+            c4_sparse_topk=core.index_topk,  # 0.5.19 and 0.5.20's name of index_topk
             swa_out_cache_loc=core.swa_out_cache_loc, c4_out_loc=core.c4_out_loc,
             c4_topk_lengths_raw=core.c4_topk_lengths_raw, c4_topk_lengths_clamp1=core.c4_topk_lengths_clamp1,
             c128_out_loc=core.c128_out_loc, c128_page_indices=core.c128_page_indices,
             c128_topk_lengths_clamp1=core.c128_topk_lengths_clamp1)
-        real.set_sparse_topk(4, page_indices=core.c4_sparse_page_indices, topk_lengths=core.c4_sparse_topk_lengths,
-                             raw_indices=core.c4_sparse_raw_indices)
+        cls = mods["backend"].DSV4AttnMetadata
+        taken = {f.name for f in dataclasses.fields(cls) if f.init}  # this version's constructor
+        real = cls(**{name: value for name, value in values.items() if name in taken})
+        if hasattr(real, "set_sparse_topk"):
+            real.set_sparse_topk(4, page_indices=core.c4_sparse_page_indices,
+                                 topk_lengths=core.c4_sparse_topk_lengths, raw_indices=core.c4_sparse_raw_indices)
+        else:  # before 0.5.21 the c4 top-k fields are plain attributes
+            real.c4_sparse_page_indices = core.c4_sparse_page_indices
+            real.c4_sparse_topk_lengths = core.c4_sparse_topk_lengths
+            real.c4_sparse_raw_indices = core.c4_sparse_raw_indices
         for ratio in (0, 1, 2, 4, 128):  # FlashMLA's plans: not made here (no FlashMLA)
             setattr(real, f"c{ratio}_flashmla_metadata", None)
         return mods["backend"].DSV4Metadata(core_attn_metadata=real, indexer_metadata=None)
@@ -494,8 +554,9 @@ class SglangModelRunner:
         self.probe.note(MetadataReuse(cache_reset=metadata.sparse_prefill_cache is None,
                                       flag_reset=not getattr(metadata, "prefill_shared_reads_snapshotted", False)))
 
-    def _deferred_chunk_cache(self, forward_batch, core_attn_metadata, *, num_qo_tokens: int):
-        """The real `_build_sparse_prefill_chunk_cache`, run inside a launched closure; returns its holder."""
+    def _deferred_chunk_cache(self, forward_batch, *core_attn_metadata, num_qo_tokens: int):
+        """The real `_build_sparse_prefill_chunk_cache`, run inside a launched closure; returns its holder.
+        `core_attn_metadata`: the core metadata, which the build takes from 0.5.21 on."""
         api, backend, dev = self.api, self.attn_backend, self.harness_device
         holder = DeferredChunkCache(num_qo_tokens, self._build_label)
         metadata = backend.forward_metadata  # bound at issue time, as a launch binds its pointers
@@ -508,7 +569,7 @@ class SglangModelRunner:
             backend.forward_metadata = metadata
             try:
                 with swa_window(api, window):
-                    holder.value = build(backend, forward_batch, core_attn_metadata, num_qo_tokens=num_qo_tokens)
+                    holder.value = build(backend, forward_batch, *core_attn_metadata, num_qo_tokens=num_qo_tokens)
             finally:
                 backend.forward_metadata = saved
 
@@ -526,9 +587,12 @@ class SglangModelRunner:
         api, backend, harness = self.api, self.attn_backend, self.harness.attn_backend
         harness.forward_metadata = backend.forward_metadata
         rows = fb.num_tokens
-        if api.mods["cp_utils"].is_cp_active(view):  # CP shards the query layout inside the forward
+        if api.is_cp_active(view):  # CP shards the query layout inside the forward
             harness.late_refresh_swa_rows("cp.shard_metadata", fb, range(rows))
-        sparse = backend._use_sparse_prefill(view, num_qo_tokens=rows)
+        # SGLang's own dispatch where the version names it (0.5.23); before, the forward's inline condition,
+        # which the harness's layers take from the reference model of the same design.
+        decide = getattr(backend, "_use_sparse_prefill", harness._use_sparse_prefill)
+        sparse = decide(view, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         for layer, ratio in enumerate(self.case.dims.layer_ratios):
             self._store_swa(fb, view, layer)
@@ -565,8 +629,9 @@ class SglangModelRunner:
         rows = fb.num_tokens
         if metadata.sparse_prefill_cache is None:  # what the real layer does: build lazily (a late read)
             self._build_label = f"layer{layer}.sparse_prefill_cache.lazy_build"
+            core_arg = (core,) if self.api.generation.build_takes_core else ()
             metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
-                view, core, num_qo_tokens=rows)
+                view, *core_arg, num_qo_tokens=rows)
             self.probe.note(LazyBuild(layer=layer))
         holder = metadata.sparse_prefill_cache
         if holder.num_qo_tokens != rows:
@@ -577,6 +642,7 @@ class SglangModelRunner:
         core_view = SimpleNamespace(sparse_page_indices=lambda r: c128 if r == 128 else None)  # bound at issue
         ps, scale = dims.page_size, dims.head_dim ** -0.5
         hisparse = self.case.flags.hisparse
+        compressed_c128, compressed_c4 = _COMPRESSED_INPUTS[self.api.generation.compressed_api]
 
         def attend():
             cache = holder.get()
@@ -585,13 +651,12 @@ class SglangModelRunner:
                 kv, idx = swa_region, cache.c0_combined_indices
             else:
                 if ratio == 128:
-                    flat, idx, _ = cache.layer_inputs(128, core_view, 1)
+                    flat, idx = compressed_c128(cache, core_view, c128)
                 else:  # the harness keys compressed entries by the full slot of a block's first token
                     c_max = max(cache.max_seq_len // ratio, 1)
                     starts = (torch.arange(c_max, device=page_table.device) * ratio)[None, :]
                     block_table = page_slot(page_table, starts.expand(page_table.shape[0], -1), ps)
-                    flat = cache.ensure_compressed(ratio, block_table, 1).flat_token_ids
-                    idx, _ = cache.combine_compressed(ratio, raw4[: cache.num_qo_tokens].to(torch.int32))
+                    flat, idx = compressed_c4(cache, block_table, raw4[: cache.num_qo_tokens].to(torch.int32))
                 slots = harness.compressed_slots(flat.long())[0] if hisparse else flat.long()
                 kv = torch.cat([pool.extra_kv[layer][slots.clamp(min=0)], swa_region])
             out[layer].copy_(sparse_attention_on(kv.device)(fb.q[layer], kv, idx.long(), sink, scale))
@@ -689,7 +754,7 @@ class SglangPrefillGraphRunner:
         self.mr, self.api, self.contract = model_runner, api, contract
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
-        self.runner = self._real_runner() if api.semantics == "0.5.23" else None
+        self.runner = self._real_runner() if api.generation.real_graph_runner else None
 
     def _real_runner(self):
         mods, mr = self.api.mods, self.mr
@@ -727,7 +792,7 @@ class SglangPrefillGraphRunner:
         runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
         runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
                                                  if runner.use_captured_attn_metadata else None)
-        with mods["runtime"].get_parallel().override(num_dp_ranks=1):
+        with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
             runner.buffer_registry = mods["buffer_registry"].build_prefill_registry(
                 device=tdev, max_bs=max_bs, max_num_token=runner.max_num_tokens, cache_loc_dtype=torch.int64)
         self._order_registry_fill(runner.buffer_registry)
