@@ -83,7 +83,8 @@ class DeepseekV4AttnBackend(AttentionBackend):
         return (
             forward_batch.forward_mode.is_extend_without_speculative()
             and not flags.cp_active
-            and self.forward_metadata.late_layer_tail is None
+            # the sglang target's layers ask this of the installed release's metadata: before 0.5.21 it has no tail
+            and getattr(self.forward_metadata, "late_layer_tail", None) is None
             and (num_qo_tokens > LARGE_INDEXER_QUERY_THRESHOLD or flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
         )
 

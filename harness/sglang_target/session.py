@@ -160,6 +160,11 @@ class PoolShim:
         return self.pool.page_size
 
     @property
+    def swa_page_size(self) -> int:
+        """0.5.20's name of the SWA pool's page size."""
+        return self.pool.page_size
+
+    @property
     def swa_kv_pool(self) -> SimpleNamespace:
         """The SWA pool itself, whose page size 0.5.21 and 0.5.22 read for the chunk cache."""
         return SimpleNamespace(page_size=self.pool.page_size)
