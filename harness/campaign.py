@@ -99,6 +99,8 @@ class CampaignResult:
     minimal: Optional[CaseResult] = None
     cases_log: list[dict] = dataclasses.field(default_factory=list)  # one record per counted case, for plots
     stand_ins: list[dict] = dataclasses.field(default_factory=list)  # the target's stood-in modules, if any
+    target_description: str = ""  # what exactly is under test: a package's version and the adapter driving it
+    without: list[str] = dataclasses.field(default_factory=list)  # gate switches never drawn (--without, the target's)
     shard: Shard = WHOLE
     interrupted: Optional[str] = None  # the signal that stopped the campaign early
     replayed_from_db: int = 0  # cases of the database pass
@@ -146,6 +148,8 @@ class CampaignResult:
             ],
             "cases_log": self.cases_log,
             "stand_ins": self.stand_ins,
+            "target_description": self.target_description,
+            "without": self.without,
             "shard": self.shard.to_dict(),
             "interrupted": self.interrupted,
             "replayed_from_db": self.replayed_from_db,
@@ -167,7 +171,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
                  seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None,
                  shard: Shard = WHOLE, shared_databases: Sequence[str] = (),
                  should_stop: Callable[[], Optional[str]] = lambda: None, keep_going: int = 1,
-                 jobs: int = 1) -> CampaignResult:
+                 jobs: int = 1, without: frozenset[str] = frozenset()) -> CampaignResult:
     """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
     `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
@@ -200,13 +204,15 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         raise InvalidArgument(f"{flag}: the {profile!r} profile is derandomized and keeps no example database (dev and "
                               "nightly do, and so does any profile with --seed)")
     # The seeds count as examples: --examples N runs N cases in all.
-    chosen_seeds = seed_cases(semantics)[: max(0, base["max_examples"] - 1)] if seeds else []
+    without = without | getattr(target, "cannot_run", frozenset())
+    chosen_seeds = seed_cases(semantics, without)[: max(0, base["max_examples"] - 1)] if seeds else []
     base["max_examples"] -= len(chosen_seeds)
     db = None if base["derandomize"] else open_database(database_dir, shared_databases)
     if from_db and db is None:
         raise InvalidArgument("--from-db: no example database to replay from (no report folder, no --example-db)")
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile,
-                            shard=shard, stand_ins=list(getattr(target, "stand_ins", [])), jobs=jobs)
+                            shard=shard, stand_ins=list(getattr(target, "stand_ins", [])), jobs=jobs,
+                            target_description=getattr(target, "description", ""), without=sorted(without))
     start = time.perf_counter()
 
     failing: dict[tuple[str, str], CaseResult] = {}
@@ -315,7 +321,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
 
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
                   print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile]),
+        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile], without=without),
                schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
             handle(case, schedule, partitioned=partitioned)  # the same code in every pass: one derandomized stream

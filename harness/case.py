@@ -69,6 +69,10 @@ class Flags:
     hicache_storage: bool = False
     lmcache: bool = False
 
+    # The gates a campaign may turn on, each closing the publish decision alone (`--without` takes these).
+    GATES = ("SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active", "hisparse", "hierarchical_cache", "hicache_storage",
+             "lmcache")
+
     def prefill_read_done_enabled(self, semantics: str) -> bool:
         """PR-era default off, 0.5.23 default on (#37958)."""
         if self.SGLANG_ENABLE_PREFILL_WAR_READ_DONE is None:

@@ -30,8 +30,8 @@ def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
     """(publish?, the rule that decided)."""
     flags, spec = case.flags, case.spec
     mode = batch.mode
-    if mode is ForwardMode.MIXED and case.semantics != "pr" and not flags.cp_active and not runs_graph(batch):
-        mode = ForwardMode.EXTEND  # 0.5.23's eager runner runs a mixed batch as EXTEND
+    if mode is ForwardMode.MIXED and not flags.cp_active and not runs_graph(batch):
+        mode = ForwardMode.EXTEND  # every release's eager runner (0.5.19 on) runs a mixed batch as EXTEND
     if mode is not ForwardMode.EXTEND:
         return False, f"mode {batch.mode.name} is not EXTEND"
     if not flags.prefill_read_done_enabled(case.semantics):

@@ -62,6 +62,16 @@ _DECIDING_MODES = [ForwardMode.MIXED] * 3 + [ForwardMode.DECODE, ForwardMode.TAR
                                              ForwardMode.IDLE]
 _GATE_FLAGS = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse"}
 
+
+@functools.lru_cache(maxsize=None)
+def closed_conditions(without: frozenset[str] = frozenset()) -> list[str]:
+    """CLOSED_CONDITIONS without the gates whose switch a target cannot run (`Target.cannot_run`); the same list
+    object when nothing is left out, so a default campaign's stream is unchanged."""
+    if not without:
+        return CLOSED_CONDITIONS
+    return [c for c in CLOSED_CONDITIONS if _GATE_FLAGS.get(c) not in without
+            and not (c == "KV offload" and set(KV_OFFLOAD) <= without)]
+
 # tokens x layers x heads a drawn geometry may reach: `ci` reaches the threshold with one small layer,
 # `nightly` real head counts (64) at a few thousand tokens.
 PROFILE_BUDGETS = {"dev": 12_000, "ci": 12_000, "nightly": 2_000_000}
@@ -96,14 +106,14 @@ def publishes(spec: SpeculativeAlgorithm, semantics: str) -> bool:
 
 
 @st.composite
-def flags(draw, semantics: str, closed: str = "open") -> Flags:
+def flags(draw, semantics: str, closed: str = "open", offloads: tuple[str, ...] = KV_OFFLOAD) -> Flags:
     """The switches of a case whose only closed condition is `closed`: a gate ("READ_DONE off", a
     flag, "KV offload"), or anything else for all gates open. READ_DONE on or off is given explicitly
     or left to the semantics' default, whichever says the same."""
     read_done = closed != "READ_DONE off"
     default = semantics != "pr"
     enable = draw(st.sampled_from([read_done] * 3 + ([None] if default == read_done else [])))
-    gate = draw(st.sampled_from(KV_OFFLOAD)) if closed == "KV offload" else _GATE_FLAGS.get(closed)
+    gate = draw(st.sampled_from(offloads)) if closed == "KV offload" else _GATE_FLAGS.get(closed)
     return Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=enable,
                  SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=draw(st.sampled_from([True, True, False])),
                  **({gate: True} if gate else {}))
@@ -204,16 +214,18 @@ def threshold_batch(draw, *, hisparse: bool) -> Batch:
 
 
 @st.composite
-def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFILE_BUDGETS["ci"]) -> Case:
+def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFILE_BUDGETS["ci"],
+          without: frozenset[str] = frozenset()) -> Case:
     """A case; `large` lets some examples reach SGLang's sizes (the threshold, the bucket edges, every
-    decade of tokens) within `budget` (tokens x layers x heads)."""
+    decade of tokens) within `budget` (tokens x layers x heads); `without`: switches never turned on (the
+    target's `cannot_run`)."""
     if semantics not in _SPECS:
         raise InvalidArgument(f"semantics={semantics!r} is not one of: {', '.join(_SPECS)}")
-    closed = draw(st.sampled_from(CLOSED_CONDITIONS))  # first: the flags, the spec and the batches follow it
+    closed = draw(st.sampled_from(closed_conditions(without)))  # first: the flags, the spec and the batches follow it
     specs_on = _switched_on(draw, _SPEC_FAMILIES)
     modes_on = _switched_on(draw, _MODE_GROUPS)
     kinds_on = _switched_on(draw, {k: {k} for k in MUTATION_KINDS})
-    f = draw(flags(semantics, closed))
+    f = draw(flags(semantics, closed, tuple(k for k in KV_OFFLOAD if k not in without)))
     closing_specs = [s for s in _SPECS[semantics] if not publishes(s, semantics)]
     spec = draw(st.sampled_from(([s for s in closing_specs if s in specs_on] or closing_specs) if closed == "spec"
                                 else [s for s in _SPECS[semantics] if publishes(s, semantics)]))
@@ -284,8 +296,9 @@ def schedules():
 SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the race gates' deadline after the event
 
 
-def seed_cases(semantics: str) -> list[Case]:
-    """The protocol's shapes (reference notes, section 6), tried before anything is drawn.
+def seed_cases(semantics: str, without: frozenset[str] = frozenset()) -> list[Case]:
+    """The protocol's shapes (reference notes, section 6), tried before anything is drawn; `without`: leave out
+    the cases that turn one of these switches on (the target's `cannot_run`).
 
     Random drawing reaches each of these, but only some of the time; a campaign that must not miss a
     whole class of bug starts from one case of each shape, then explores around and beyond them.
@@ -302,7 +315,7 @@ def seed_cases(semantics: str) -> list[Case]:
 
     extend = Batch(requests=two, mutations=mut)
     replay = Batch(requests=two, graph=True, mutations=mut)
-    return [
+    shapes = [
         case(extend),
         case(replay),
         case(replay, replay),
@@ -317,3 +330,4 @@ def seed_cases(semantics: str) -> list[Case]:
              flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
              spec=S.DFLASH, dims=Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,), index_align=8)),
     ]
+    return [c for c in shapes if not any(getattr(c.flags, name) for name in without)]

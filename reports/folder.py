@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.case import Flags
 from harness.errors import InvalidArgument
 
 SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
@@ -135,6 +136,10 @@ def check_summary(check: _Check, data, where: str = "") -> dict:
         check.fail(f"{('field ' + repr(where.rstrip('.'))) if where else 'the top level'} must be an object")
     for key in ("target", "device", "semantics"):
         check.need(data, key, "str", where)
+    check.need(data, "target_description", "str", where, optional=True)
+    for prefix, name in check.items(data, "without", where, optional=True, kind="str"):
+        if name not in Flags.GATES:
+            check.fail(f"field '{prefix.rstrip('.')}' is {name!r}, not a gate switch; allowed: {', '.join(Flags.GATES)}")
     check.need(data, "cases", "int", where)
     check.need(data, "duration_s", "number", where)
     check.need(data, "seed", "int", where, optional=True)

@@ -33,7 +33,7 @@ from reports.folder import (CLEAN_REFERENCE, EXAMPLES, KERNEL, MUTANTS, NIGHTLY,
 from reports.junit import CAMPAIGN, MUTANTS as JUNIT_MUTANTS, SANITIZER as JUNIT_SANITIZER
 from reports.writers import refuse_other_runs, replace_report, write_bytes_atomically, write_json_atomically
 
-CAMPAIGN_IDENTITY = ("target", "mutant", "semantics", "device", "profile", "seed")
+CAMPAIGN_IDENTITY = ("target", "target_description", "without", "mutant", "semantics", "device", "profile", "seed")
 REPORT_FILES = (SUMMARY, MUTANTS, CLEAN_REFERENCE, TRIAGE, SANITIZER, KERNEL, NIGHTLY, VERSIONS, PYTEST_JUNIT,
                 CAMPAIGN, JUNIT_MUTANTS, JUNIT_SANITIZER, "index.html", EXAMPLES)
 SINGLE_FILES = ((TRIAGE, "triage"), (KERNEL, "kernel"), (VERSIONS, "versions"))

@@ -119,3 +119,14 @@ def test_the_progress_line_counts_the_findings_so_far(tmp_path):
 def test_the_default_interval_is_ten_seconds():
     run = subparsers()["run"]
     assert next(a for a in run._actions if a.dest == "progress_every").default == 10.0
+
+
+def test_without_is_checked_before_work_and_recorded_in_the_summary(tmp_path, capsys):
+    assert main(["run", "--device", "cpu", "--examples", "2", "--without", "hicache", "--report-dir",
+                 str(tmp_path / "bad")]) == 2
+    assert "hicache is not a gate switch; allowed: SGLANG_FORCE_COARSE_WAR_BARRIER" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert main([*SMALL, "--without", "lmcache,cp_active", "--report-dir", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["without"] == ["cp_active", "lmcache"]
+    assert main(["report", str(tmp_path / "r")]) == 0

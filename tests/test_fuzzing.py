@@ -14,7 +14,7 @@ from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants import kill_table
 from harness.mutants.corpus import mutant_target
-from harness.strategies import PROFILE_BUDGETS, cases, seed_cases
+from harness.strategies import CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases
 from harness.targets import ReferenceTarget
 
 
@@ -131,3 +131,38 @@ def test_every_example_of_a_campaign_is_a_fresh_draw():
     result = run_campaign(ReferenceTarget(), examples=40, seed=3, seeds=False)
     drawn = {record["case"] for record in result.cases_log}
     assert result.cases == 40 and len(drawn) == 40
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=cases("pr", without=frozenset({"cp_active", "lmcache"})))
+def test_a_switch_the_target_cannot_run_is_never_drawn(case):
+    assert not case.flags.cp_active and not case.flags.lmcache
+
+
+def test_seed_cases_leave_out_a_switch_the_target_cannot_run_and_the_default_list_is_untouched():
+    every = seed_cases("pr")
+    kept = seed_cases("pr", frozenset({"cp_active"}))
+    assert [c for c in every if c.flags.cp_active] and not [c for c in kept if c.flags.cp_active]
+    assert len(kept) == len(every) - 1
+    assert closed_conditions() is CLOSED_CONDITIONS  # a default campaign's stream does not move
+    assert "cp_active" not in closed_conditions(frozenset({"cp_active"}))
+
+
+class _NoCpTarget(ReferenceTarget):
+    cannot_run = frozenset({"cp_active"})
+
+    def __init__(self):
+        super().__init__()
+        self.opened = []
+
+    def open(self, case, device):
+        self.opened.append(case.flags.cp_active)
+        return super().open(case, device)
+
+
+def test_a_campaign_never_runs_a_case_its_target_cannot_run():
+    target = _NoCpTarget()
+    result = run_campaign(target, examples=40, seed=5, semantics="pr")
+    assert result.cases == 40 and not result.findings
+    assert target.opened and not any(target.opened)
+    assert any(c.flags.cp_active for c in seed_cases("pr"))  # the plain target's campaign would have run one

@@ -61,7 +61,7 @@ FIXED = {
 
 def test_reports_the_installed_version_and_semantics(target):
     assert target.version == "0.5.23" and target.semantics == "0.5.23"
-    assert "resolve_prefill_shared_read_ends" in target.semantics_detail
+    assert "resolve_prefill_shared_read_ends" in target.description
     assert target.semantics_supported == ("0.5.23",) and target.name == "sglang-0.5.23"
 
 

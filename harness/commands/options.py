@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.case import SEMANTICS, Case
+from harness.case import SEMANTICS, Case, Flags
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names
 
@@ -38,6 +38,16 @@ def check_semantics(value: str) -> str:
     if value not in SEMANTICS:
         raise InvalidArgument(f"--semantics={value!r} is not one of: {', '.join(SEMANTICS)}")
     return value
+
+
+def parse_without(value: str) -> frozenset[str]:
+    """`--without`: comma-separated gate switches a campaign never turns on (empty: none)."""
+    names = frozenset(name.strip() for name in value.split(",") if name.strip())
+    unknown = sorted(names - set(Flags.GATES))
+    if unknown:
+        raise InvalidArgument(f"--without={value!r}: {', '.join(unknown)} is not a gate switch; allowed: "
+                              f"{', '.join(Flags.GATES)}")
+    return names
 
 
 def read_case(text: str) -> Case:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.campaign import PROFILES, check_jobs, keeps_database, run_campaign
-from harness.commands.options import add_common_options, check_semantics
+from harness.commands.options import add_common_options, check_semantics, parse_without
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
@@ -42,6 +42,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--report-dir", default="harness-report", help="the report folder")
     parser.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    parser.add_argument("--without", default="", metavar="GATE[,GATE]",
+                        help="gate switches the campaign never turns on (a deployment without HiCache, say): "
+                             "SGLANG_FORCE_COARSE_WAR_BARRIER, cp_active, hisparse, hierarchical_cache, "
+                             "hicache_storage, lmcache")
     parser.add_argument("--keep-going", type=int, default=1, metavar="N",
                      help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
                           "stopping")
@@ -108,6 +112,7 @@ def run(args) -> int:
     isolate_s = _isolate(args.isolate, device, jobs=jobs or 1)
     check_jobs(jobs or 1, isolate_s)
     oracles = parse_oracles(args.oracles)
+    without = parse_without(args.without)
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
         refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
@@ -124,8 +129,8 @@ def run(args) -> int:
                                    shared=shared, report_dir=report_dir, stop=stop)
         else:
             summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
-                               isolate_s=isolate_s, oracles=oracles, verbosity=verbosity, report_dir=report_dir,
-                               stop=stop)
+                               isolate_s=isolate_s, oracles=oracles, without=without, verbosity=verbosity,
+                               report_dir=report_dir, stop=stop)
     print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
           f"{', shard ' + args.shard if shard.count > 1 else ''}"
           f"{f', {args.jobs} judged at once' if args.jobs > 1 else ''}) in {summary['duration_s']:.1f}s"
@@ -166,8 +171,8 @@ def run(args) -> int:
     return ExitCode.INTERRUPTED if summary["interrupted"] else ExitCode.OK
 
 
-def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracles, verbosity, report_dir,
-             stop) -> dict:
+def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracles, without, verbosity,
+             report_dir, stop) -> dict:
     """One campaign in this process; its summary and page replace the folder's in one step."""
     total = args.examples or PROFILES[args.profile]["max_examples"]
     with TelemetryWindow(required=device == "cuda") as window, \
@@ -178,7 +183,8 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
                               database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
                               shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
                               seeds=not args.no_seeds, keep_going=args.keep_going,
-                              shard=shard, shared_databases=shared, should_stop=stop, jobs=args.jobs)
+                              shard=shard, shared_databases=shared, should_stop=stop, jobs=args.jobs,
+                              without=without)
     summary = annotate_summary(result.summary(), window)
     summary["mutant"] = args.mutant
     summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
@@ -231,7 +237,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
         run_args = ["--target", args.target, "--device", device, "--profile", args.profile, "--semantics", semantics,
                     "--isolate", args.isolate, "--progress-every", str(args.progress_every), "--workers", "1"]
         for flag, value in (("--mutant", args.mutant), ("--oracles", args.oracles), ("--examples", args.examples),
-                            ("--seed", args.seed)):
+                            ("--seed", args.seed), ("--without", args.without or None)):
             if value is not None:
                 run_args += [flag, str(value)]
         run_args += [arg for db in databases for arg in ("--example-db", db)]

@@ -70,9 +70,9 @@ class EagerRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         mr = self.model_runner
         backend = mr.attn_backend
-        if mr.semantics != "pr" and fb.forward_mode is ForwardMode.MIXED and not mr.flags.cp_active:
-            # 0.5.23 EagerRunner.execute: a mixed batch is extend-shaped (decode tails are 1-token
-            # extends), so it runs as EXTEND; CP keeps MIXED.
+        if fb.forward_mode is ForwardMode.MIXED and not mr.flags.cp_active:
+            # EagerRunner.execute of every release (0.5.19 on): a mixed batch is extend-shaped (decode tails
+            # are 1-token extends), so it runs as EXTEND; CP keeps MIXED.
             fb = replace(fb, forward_mode=ForwardMode.EXTEND)
         backend.init_forward_metadata(fb)
         if mr.semantics == "pr":

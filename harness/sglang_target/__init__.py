@@ -44,7 +44,10 @@ class SglangTarget(Target):
         self.version = self.api.version
         self.semantics = self.api.semantics
         self.semantics_supported = (self.api.semantics,)
-        self.semantics_detail = self.api.describe()
+        self.description = self.api.describe()
+        # Before 0.5.23 the eager runner shards a CP batch across ranks and all-gathers the result
+        # (`_execute_extend_cp`): one process cannot run it; 0.5.23's DSV4 owns the CP layout in its model.
+        self.cannot_run = frozenset() if self.api.generation.runs_cp else frozenset({"cp_active"})
         self.stand_ins = self.api.stand_ins.describe()  # compiled extensions that could not load, stood in
         self._contract_breaks: list[str] | None = None
 

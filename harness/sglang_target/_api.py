@@ -88,6 +88,11 @@ _COMMON = [
     (MODEL_RUNNER, "ModelRunner.prepare_dummy_forward_batch"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
     (SERVER_ARGS, "ServerArgs"), (RUNTIME, "publish"),
+    (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
+    (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
+    (GRAPH_RUNNER, "PrefillCudaGraphRunner.can_run_graph"), (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
+    (BUFFER_REGISTRY, "build_prefill_registry"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
+    (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"), (SHAPE_KEY, "ShapeKey"),
 ]
 # Whether a batch runs context-parallel: `is_cp_active` from 0.5.20 on, `is_cp_v2_active` in 0.5.19.
 CP_PREDICATES = ("is_cp_active", "is_cp_v2_active")
@@ -208,6 +213,12 @@ class SglangApi:
         return self.generation.semantics
 
     @property
+    def binds_kv_plan(self) -> bool:
+        """A ForwardBatch carries the iteration's KV-slot plan (`KVIndexTranslator.own_plan`, from 0.5.22 on),
+        which the graph runner's `load_batch` binds to its static buffer."""
+        return hasattr(self.mods["kv_translator"].KVIndexTranslator, "own_plan")
+
+    @property
     def backend_cls(self):
         return self.mods["backend"].DeepseekV4AttnBackend
 
@@ -316,11 +327,9 @@ def load_api() -> SglangApi:
         buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, scheduler=SCHEDULER,
         tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER, model_runner=MODEL_RUNNER,
         buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
-        kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS).items()}
-    if generation.real_graph_runner:
-        mods.update({name: importlib.import_module(path) for name, path in dict(
-            shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
-            graph_config=GRAPH_CONFIG).items()})
+        kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
+        shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
+        graph_config=GRAPH_CONFIG).items()}
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)
     want = "shared_read_ends" if generation.publishes_from_read_end else "forward_batch"

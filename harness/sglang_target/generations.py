@@ -52,9 +52,8 @@ class Generation:
     swa_kernels_module: str  # where `build_swa_token_ids` / `combine_topk_swa_indices` are defined
     build_takes_core: bool  # `_build_sparse_prefill_chunk_cache(fb, core_attn_metadata, *, num_qo_tokens)`
     compressed_api: str  # "compressed": ensure_compressed / combine_compressed / layer_inputs; "c4": ensure_c4 ...
-    real_graph_runner: bool  # the harness drives this generation's PrefillCudaGraphRunner.execute
-    binds_kv_plan: bool  # a ForwardBatch carries the iteration's KV-slot plan (`KVIndexTranslator.own_plan`)
     context_takes_batch: bool  # `forward_context(ctx, forward_batch=...)`, as `ModelRunner._forward_raw` enters it
+    runs_cp: bool  # a CP batch runs in one process: the model owns the CP layout (CP-TP group sharing)
 
     @property
     def publishes_from_read_end(self) -> bool:
@@ -73,14 +72,10 @@ RESOLVER = Generation(
            (SPARSE_UTILS, "SparsePrefillChunkCache.combine_compressed"),
            (SPARSE_UTILS, "SparsePrefillChunkCache.layer_inputs"), (SPARSE_UTILS, "SparsePrefillKVBuffer"),
            (KERNELS, "build_swa_token_ids"), (KERNELS, "combine_topk_swa_indices"),
-           (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
-           (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
-           (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"), (BUFFER_REGISTRY, "build_prefill_registry"),
-           (TC_BACKEND, "TcPiecewiseCudaGraphBackend"), (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"),
-           (GRAPH_CONFIG, "Backend"), (SHAPE_KEY, "ShapeKey"), (KV_TRANSLATOR, "KVIndexTranslator.own_plan")),
+           (KV_TRANSLATOR, "KVIndexTranslator.own_plan")),
     hook="resolve_prefill_shared_read_ends", kv_buffer=("sparse_prefill_kv_buffer", "SparsePrefillKVBuffer"),
-    swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed", real_graph_runner=True,
-    binds_kv_plan=True, context_takes_batch=True)
+    swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed",
+    context_takes_batch=True, runs_cp=True)
 
 PR_LATE = Generation(
     name="pr-late", semantics="pr",
@@ -93,8 +88,8 @@ PR_LATE = Generation(
            (SPARSE_UTILS, "SparsePrefillChunkCache.layer_inputs"), (SPARSE_UTILS, "SparsePrefillWorkspace"),
            (SPARSE_UTILS, "build_swa_token_ids"), (SPARSE_UTILS, "combine_topk_swa_indices")),
     hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
-    swa_kernels_module=SPARSE_UTILS, build_takes_core=True, compressed_api="compressed", real_graph_runner=False,
-    binds_kv_plan=False, context_takes_batch=False)
+    swa_kernels_module=SPARSE_UTILS, build_takes_core=True, compressed_api="compressed",
+    context_takes_batch=False, runs_cp=False)
 
 PR_EARLY = Generation(
     name="pr-early", semantics="pr",
@@ -106,8 +101,8 @@ PR_EARLY = Generation(
            (SPARSE_UTILS, "SparsePrefillChunkCache.combine_c4_layer"), (SPARSE_UTILS, "SparsePrefillWorkspace"),
            (SPARSE_UTILS, "build_swa_token_ids"), (SPARSE_UTILS, "combine_topk_swa_indices")),
     hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
-    swa_kernels_module=SPARSE_UTILS, build_takes_core=False, compressed_api="c4", real_graph_runner=False,
-    binds_kv_plan=False, context_takes_batch=False)
+    swa_kernels_module=SPARSE_UTILS, build_takes_core=False, compressed_api="c4",
+    context_takes_batch=False, runs_cp=False)
 
 GENERATIONS = (RESOLVER, PR_LATE, PR_EARLY)
 

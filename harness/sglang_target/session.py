@@ -61,7 +61,6 @@ on the current stream, after what the stream was given before it (`Device.host_w
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from types import MethodType, SimpleNamespace
@@ -243,6 +242,9 @@ class SglangSession(ReferenceSession):
             raise InvalidArgument(f"case semantics={case.semantics!r}: the installed {api.describe()} implements "
                                   f"--semantics {api.semantics} only")
         api.check_device(device.kind)
+        if case.flags.cp_active and not api.generation.runs_cp:
+            raise InvalidArgument(f"case flags.cp_active=true: the installed {api.describe()} shards a CP batch "
+                                  "across ranks in its eager runner, which one process cannot run; allowed: false")
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
@@ -456,7 +458,7 @@ class SglangModelRunner:
         # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
         # load_batch binds it to its static buffer).
         translator = self.kv_index_translator
-        if self.api.generation.binds_kv_plan:
+        if self.api.binds_kv_plan:
             translator.own_plan(batch).bind(batch, translator)
         return batch
 
@@ -482,8 +484,8 @@ class SglangModelRunner:
                 # Decode and idle batches go to the decode graph runner (not this path's); the prefill one decides
                 # the rest itself (it refuses target-verify).
                 if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
-                        and self.graph_runner.can_run_graph(fb, batch)):
-                    return self.graph_runner.execute(fb, batch)
+                        and self.graph_runner.can_run_graph(batch)):
+                    return self.graph_runner.execute(batch)
                 return self.eager_runner.execute(batch).hidden_states.transpose(0, 1)
         finally:
             self.live_batch = None
@@ -728,7 +730,8 @@ class _CapturedMetadata(dict):
         self.graphs = graphs
 
     def __missing__(self, shape_key):
-        self[shape_key] = self.graphs.metadata[shape_key.size]  # captured by the replay's prep, just before
+        # keyed by ShapeKey (0.5.23) or by the bucket's token count (PR-era); captured by the replay's prep
+        self[shape_key] = self.graphs.metadata[getattr(shape_key, "size", shape_key)]
         return self[shape_key]
 
 
@@ -752,14 +755,15 @@ class SglangPrefillGraphRunner:
     graph backend's `replay` (the harness's layers over the static batch, with the captured KV stores of
     `CapturedGraphs`), and the capture itself. The contract names the graph backend: `fresh` the
     tc_piecewise one (metadata planned for every replay), `bcg` the breakable one with DSV4's captured
-    metadata. The PR-era checkout's runner (other signatures) is driven by `_execute_pr_era`."""
+    metadata. Every release's runner is driven the same way: the PR-era ones key a bucket by its token count
+    where 0.5.23 has a ShapeKey, and name a few switches differently."""
 
     def __init__(self, model_runner: SglangModelRunner, *, contract: str):
         api = model_runner.api
         self.mr, self.api, self.contract = model_runner, api, contract
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
-        self.runner = self._real_runner() if api.generation.real_graph_runner else None
+        self.runner = self._real_runner()
 
     def _real_runner(self):
         mods, mr = self.api.mods, self.mr
@@ -778,6 +782,7 @@ class SglangPrefillGraphRunner:
             else mods["graph_config"].Backend.TC_PIECEWISE,
             capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
             max_bs=max_bs, max_context_size=None, max_seq_len=None, enable_cp_bcg_capture=False,
+            enable_cp_v2_bcg_capture=False,  # 0.5.19's name of enable_cp_bcg_capture
             prefill_cp_bcg_input=None, enable_lora=False, _capture_lora=False, is_multimodal=False,
             is_dsv41_model=False, _use_draft_input_embeds=False, static_draft_hidden_states=None,
             capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL, capture_return_pooled_hidden_states=False,
@@ -789,14 +794,16 @@ class SglangPrefillGraphRunner:
             _capture_chunked_prefix=False, attention_layers=[], mha_companion_layers=[], moe_layers=[],
             moe_fusions=[], dsa_indexers=None, quant_config=None, raw_num_tokens=0, raw_bs=0,
             layer_model=mr.model.layer_model if breakable else None,
+            _input_embeds_arg_idx=None,  # the PR era's: the layer model's forward takes no input_embeds
             _prefill_static_buffers={name: torch.zeros((max_bs,), dtype=torch.int64, device=tdev)
                                      for name in graph_runner._PREFILL_STATIC_FIELDS} if breakable else None)
         runner.max_num_tokens = max(runner.capture_num_tokens)
         runner.use_captured_attn_metadata = (
             breakable and mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph)
         runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
-        runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
-                                                 if runner.use_captured_attn_metadata else None)
+        if hasattr(mr.attn_backend, "prefill_cuda_graph_max_batch_size"):  # 0.5.23's bound; the PR era has none
+            runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
+                                                     if runner.use_captured_attn_metadata else None)
         with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
             runner.buffer_registry = mods["buffer_registry"].build_prefill_registry(
                 device=tdev, max_bs=max_bs, max_num_token=runner.max_num_tokens, cache_loc_dtype=torch.int64)
@@ -825,8 +832,9 @@ class SglangPrefillGraphRunner:
         (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
         real `_prepare_forward_metadata_for_replay`. The padded batch is the live harness batch with the
         model's activations padded as SGLang pads them, and positions, out_cache_loc and input_ids the
-        registry's static buffers that `load_batch` filled."""
-        mr, bucket = self.mr, shape_key.size
+        registry's static buffers that `load_batch` filled. `shape_key`: the bucket's ShapeKey (0.5.23) or its
+        token count (the PR-era releases)."""
+        mr, bucket = self.mr, getattr(shape_key, "size", shape_key)
         padded = dataclasses.replace(pad_forward_batch(mr.live_batch, bucket), positions=static_forward_batch.positions,
                                      out_cache_loc=static_forward_batch.out_cache_loc,
                                      input_ids=static_forward_batch.input_ids)
@@ -846,57 +854,19 @@ class SglangPrefillGraphRunner:
                            store_compressed=self.graphs.replay_store(shape_key.size)).transpose(0, 1)
         return mr.model.logits_output(out) if whole_model else out
 
-    def _bucket(self, num_tokens: int) -> Optional[int]:
-        if num_tokens < 1 or num_tokens > self.capture_bs[-1]:
-            return None
-        return self.api.mods["base_graph_runner"].BaseCudaGraphRunner._pad_to_bucket(num_tokens, self.capture_bs)
-
-    def can_run_graph(self, fb: ForwardBatch, live) -> bool:
+    def can_run_graph(self, live) -> bool:
         """SGLang's `can_run_graph` (and through it `can_replay_locally`: the token ceiling, the padding
-        factor, target-verify and hidden-mode refusals); the PR-era checkout's bucket and padding factor."""
-        if self.runner is not None:
-            return self.runner.can_run_graph(live)
-        bucket = self._bucket(fb.num_tokens)
-        factor = self.api.mods["graph_runner"]._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
-        return bucket is not None and bucket <= fb.num_tokens * factor
+        factor, target-verify and hidden-mode refusals)."""
+        return self.runner.can_run_graph(live)
 
-    def execute(self, fb: ForwardBatch, live) -> torch.Tensor:
-        """`live`: the real ForwardBatch of `fb` the forward context holds."""
-        if self.runner is None:
-            return self._execute_pr_era(fb, live)
+    def execute(self, live) -> torch.Tensor:
+        """`live`: the real ForwardBatch the forward context holds."""
         mr = self.mr
         try:
             output = self.runner.execute(live)
         finally:
             mr.replay_batch, mr.replay_static = None, None
         return output.hidden_states.transpose(0, 1)
-
-    def _execute_pr_era(self, fb: ForwardBatch, live) -> torch.Tensor:
-        """The PR-era checkout's replay: its own hook names, the bucket and padding the harness's."""
-        mr = self.mr
-        bucket = self._bucket(fb.num_tokens)
-        padded = pad_forward_batch(fb, bucket)
-        mr.probe.note(GraphReplay(bucket=bucket, tokens=fb.num_tokens))
-        self.graphs.ensure(bucket, padded)
-        self.graphs.load_inputs(bucket, padded)
-        static = self.graphs.metadata[bucket]
-        modes = self.api.mods["forward"].ForwardMode
-        static_view = mr.sglang_batch(padded, mode=modes.EXTEND if live.forward_mode == modes.MIXED
-                                      else live.forward_mode)  # MIXED replays the EXTEND-captured graphs
-        mr.replay_batch, mr.replay_static = padded, static
-        try:
-            if self.contract == "bcg":
-                mr.attn_backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
-                    static, live, static_forward_batch=static_view)
-            else:
-                mr.attn_backend.init_forward_metadata(live)
-                mr.attn_backend.prepare_prefill_shared_read_snapshot(live, num_qo_tokens=bucket)
-            self.api.mods["publisher"].maybe_publish_prefill_shared_read_done(mr, live, mr.device_module)
-            mr.bridge_delay()
-            out = mr.run_model(padded, static_view, store_compressed=self.graphs.replay_store(bucket))
-        finally:
-            mr.replay_batch, mr.replay_static = None, None
-        return out[:, : fb.num_tokens]
 
 
 __all__ = ["SglangSession", "SglangModelRunner"]

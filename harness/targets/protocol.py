@@ -62,6 +62,12 @@ class Target:
     """Shown in reports and in the replay command's comment."""
     semantics_supported: tuple[str, ...] = ("0.5.23",)
     """The `--semantics` the target implements; `triage --semantics auto` takes the first."""
+    description: str = ""
+    """What exactly is under test (a package's version and the adapter that drives it), for the summary and
+    the page; empty: `name` says it all."""
+    cannot_run: frozenset[str] = frozenset()
+    """Switches (`Flags` field names) whose cases this target cannot run as the system does: a campaign never
+    draws them (nor runs a seed case with one), and `open` refuses a case that has one."""
 
     def open(self, case: Case, device) -> Session:
         """A new session for one run of `case` on `device` (a `harness.device` device: its streams, events
