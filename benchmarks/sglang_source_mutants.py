@@ -1,17 +1,21 @@
 """Bugs put back into the real SGLang source: does the campaign against `--target sglang` find them?
 
-Each mutant is one textual edit of the installed sglang 0.5.23 (a regression someone could commit:
-a gate dropped, a snapshot step skipped, an off-by-one). The package is linked into a scratch
-folder, the one file is rewritten there, and `python -m harness run --target sglang` runs with that
-copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean
-copy is flagged.
+Each mutant is one textual edit of the installed sglang (a regression someone could commit: a gate dropped,
+a snapshot step skipped, an off-by-one). The table is the installed release's: `MUTANTS` for 0.5.23, the
+resolver design; `PR_ERA_MUTANTS` for 0.5.19 and 0.5.20, the PR's own design (what its unit tests pin down,
+and its code paths), whose campaigns run `--semantics pr` without the gates that arrived later
+(`LATER_GATES`: a PR-era release publishes under them, which is reported apart). The package is linked into a
+scratch folder, the one file is rewritten there, and `python -m harness run --target sglang` runs with that
+copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean copy is
+flagged.
 
     python benchmarks/sglang_source_mutants.py [--examples N] [--device cpu|cuda] [--only A,B] [--no-seeds] [--out FILE]
 
 `--no-seeds` runs every campaign without the hand-written seed cases, so the table measures what the
 fuzzer draws.
 
-Needs sglang 0.5.23 installed in this environment (the CI's `.venv-sglang`).
+Needs sglang installed in this environment: 0.5.23 (the CI's `.venv-sglang`) or 0.5.19 / 0.5.20
+(`.venv-sglang-0.5.19`, requirements-cpu-pr.txt).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
+
+from harness.sglang_target.generations import RELEASED
 
 BACKEND = "srt/layers/attention/deepseek_v4_backend.py"
 BASE = "srt/layers/attention/base_attn_backend.py"
@@ -210,6 +217,102 @@ MUTANTS = (
 )
 
 
+SPARSE_UTILS = "srt/layers/attention/dsv4/sparse_prefill_utils.py"
+
+# PR #35947's own design, as released in 0.5.19 (and 0.5.20): the hook, the flag on the metadata, the publisher
+# that asks `shared_read_ends`, the runners that call the hook, the scheduler's barrier.
+PR_ERA_MUTANTS = (
+    SourceMutant("pr_hook_skips_build", BACKEND,
+                 "            metadata.sparse_prefill_cache = self._build_sparse_prefill_chunk_cache(\n"
+                 "                forward_batch, num_qo_tokens=num_qo_tokens\n            )\n",
+                 "            pass\n",
+                 "the hook marks the snapshot taken without building the chunk cache (the first sparse layer "
+                 "builds it from the live tables after the event)"),
+    SourceMutant("pr_flag_before_gate", BACKEND,
+                 "        if not snapshot_shared_prefill_reads:\n            return\n",
+                 "        if not snapshot_shared_prefill_reads:\n"
+                 "            if isinstance(metadata, DSV4Metadata):\n"
+                 "                metadata.prefill_shared_reads_snapshotted = True\n            return\n",
+                 "the flag is set even where a gate closes the snapshot (no chunk cache is built)"),
+    SourceMutant("pr_dflash_gate_dropped", BACKEND,
+                 "            and self.model_runner.spec_algorithm.is_dflash_family()\n            and not is_cp",
+                 "            and not is_cp",
+                 "the hook snapshots for every spec algorithm, so plain and EAGLE prefill publish "
+                 "(the PR's unit test: the DFLASH family publishes, EAGLE/MTP do not)"),
+    SourceMutant("pr_threshold_inclusive", BACKEND,
+                 "            num_qo_tokens > _LARGE_INDEXER_QUERY_THRESHOLD\n            or envs.SGLANG_OPT",
+                 "            num_qo_tokens >= _LARGE_INDEXER_QUERY_THRESHOLD\n            or envs.SGLANG_OPT",
+                 "the snapshot builds the chunk cache at exactly the threshold, where the forward runs dense "
+                 "(the PR's unit test: threshold vs threshold + 1)"),
+    SourceMutant("pr_read_ends_ignore_flag", BACKEND,
+                 "            and isinstance(metadata, DSV4Metadata)\n"
+                 "            and metadata.prefill_shared_reads_snapshotted\n",
+                 "            and isinstance(metadata, DSV4Metadata)\n",
+                 "shared_read_ends declares PRE_REPLAY for every EXTEND, snapshot or not"),
+    SourceMutant("pr_copy_keeps_cache", BACKEND,
+                 "            self.c128_compress_metadata, src=other.c128_compress_metadata\n        )\n"
+                 "        self.sparse_prefill_cache = None\n",
+                 "            self.c128_compress_metadata, src=other.c128_compress_metadata\n        )\n",
+                 "DSV4Metadata.copy_ (a graph bucket's metadata reused) keeps the previous batch's chunk cache"),
+    SourceMutant("pr_refresh_keeps_cache", BACKEND,
+                 "                src=static_metadata.c128_compress_metadata,\n            )\n"
+                 "        self.sparse_prefill_cache = None\n",
+                 "                src=static_metadata.c128_compress_metadata,\n            )\n",
+                 "the breakable-graph refresh keeps the previous replay's chunk cache"),
+    SourceMutant("pr_publish_undeclared", PUBLISHER,
+                 "    if declared is not SharedReadEnds.PRE_REPLAY:\n        return\n", "",
+                 "the publisher records read-done whatever the backend declares"),
+    SourceMutant("pr_event_on_new_stream", PUBLISHER,
+                 "    read_done.record()\n", "    read_done.record(device_module.Stream())\n",
+                 "the read-done event is recorded on a fresh stream, not the forward stream"),
+    SourceMutant("pr_eager_snapshot_at_request_count", EAGER_RUNNER,
+                 "                num_qo_tokens=len(forward_batch.input_ids),\n",
+                 "                num_qo_tokens=forward_batch.batch_size,\n",
+                 "the eager runner snapshots for the request count, not the query rows"),
+    SourceMutant("pr_eager_mixed_kept_mixed", EAGER_RUNNER,
+                 "        if mode.is_mixed() and not is_npu() and get_cp_strategy() is None:\n",
+                 "        if False and mode.is_mixed() and not is_npu() and get_cp_strategy() is None:\n",
+                 "EagerRunner.execute no longer runs a mixed batch as EXTEND (its prefill loses the fast path)"),
+    SourceMutant("pr_replay_snapshot_at_live_count", GRAPH_RUNNER,
+                 "            attn_backend.prepare_prefill_shared_read_snapshot(\n"
+                 "                forward_batch, num_qo_tokens=num_tokens\n",
+                 "            attn_backend.prepare_prefill_shared_read_snapshot(\n"
+                 "                forward_batch, num_qo_tokens=len(forward_batch.input_ids)\n",
+                 "graph replay snapshots at the live token count, not the padded bucket it replays "
+                 "(the PR's unit test: replay snapshots at the padded token count)"),
+    SourceMutant("pr_replay_skips_snapshot", GRAPH_RUNNER,
+                 "            attn_backend.init_forward_metadata(forward_batch)\n"
+                 "            attn_backend.prepare_prefill_shared_read_snapshot(\n"
+                 "                forward_batch, num_qo_tokens=num_tokens\n            )\n",
+                 "            attn_backend.init_forward_metadata(forward_batch)\n",
+                 "graph replay never calls the hook (the fast path is lost)"),
+    SourceMutant("pr_barrier_keeps_event", SCHEDULER,
+                 "        ev = runner.shared_read_done_event\n        runner.shared_read_done_event = None\n",
+                 "        ev = runner.shared_read_done_event\n",
+                 "_apply_war_barrier leaves the event in the mailbox: a later batch that did not publish waits on it"),
+    SourceMutant("pr_barrier_enabled_on_hip_only", SCHEDULER,
+                 "        self._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()\n",
+                 "        self._war_barrier_enabled = _is_hip or envs.SGLANG_ENABLE_WAR_BARRIER.get()\n",
+                 "the WAR barrier's enabling checks the wrong platform: off on CUDA (R21's class, #36054)"),
+    SourceMutant("pr_barrier_before_launch", SCHEDULER,
+                 "                batch_result = self.run_batch(batch)\n"
+                 "                # Fence result processing behind this forward's shared reads.\n"
+                 "                self._apply_war_barrier()\n",
+                 "                # Fence result processing behind this forward's shared reads.\n"
+                 "                self._apply_war_barrier()\n"
+                 "                batch_result = self.run_batch(batch)\n",
+                 "the overlap loop fences before run_batch (R9's class): result processing overtakes the forward"),
+    SourceMutant("pr_swa_gather_shifted", KERNELS,
+                 "        pos = first_pos + i\n", "        pos = first_pos + i + 1\n",
+                 "the Triton SWA gather reads each window one position late"),
+    SourceMutant("pr_window_drops_current_token", KERNELS,
+                 "        swa_len = tl.minimum(pos + 1, WINDOW_SIZE)\n", "        swa_len = tl.minimum(pos, WINDOW_SIZE)\n",
+                 "the combined rows' window leaves out the query's own token"),
+)
+TABLES = {"resolver": MUTANTS, "pr-early": PR_ERA_MUTANTS}  # by the installed release's API generation
+LATER_GATES = "hierarchical_cache,hicache_storage,lmcache,hisparse"
+
+
 def environment_broken(message: str) -> SystemExit:
     """The harness's exit code for an environment that cannot vouch (3), with the reason on stderr."""
     print(f"error: {message}", file=sys.stderr)
@@ -249,7 +352,8 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "harness", "run", "--target", "sglang", "--device", args.device,
                "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink"] + (
-                  ["--no-seeds"] if args.no_seeds else [])
+                  ["--no-seeds"] if args.no_seeds else []) + (
+                  ["--semantics", "pr", "--without", LATER_GATES] if args.semantics == "pr" else [])
     began = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -296,13 +400,19 @@ def main() -> int:
         parser.error(f"--examples={args.examples}: must be >= 1")
     if args.timeout <= 0:
         parser.error(f"--timeout={args.timeout:g}: must be > 0 seconds")
-    chosen = MUTANTS
+    installed = version("sglang") if installed_sglang() else None
+    generation = RELEASED.get(installed)
+    if generation is None or generation.name not in TABLES:
+        raise environment_broken(f"sglang {installed} is installed; the tables are for "
+                                 f"{', '.join(v for v, g in RELEASED.items() if g.name in TABLES)}")
+    table, args.semantics = TABLES[generation.name], generation.semantics
+    chosen = table
     if args.only:
         names = {n.strip() for n in args.only.split(",") if n.strip()}
-        unknown = sorted(names - {m.name for m in MUTANTS})
+        unknown = sorted(names - {m.name for m in table})
         if unknown:
-            parser.error(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(m.name for m in MUTANTS)}")
-        chosen = tuple(m for m in MUTANTS if m.name in names)
+            parser.error(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(m.name for m in table)}")
+        chosen = tuple(m for m in table if m.name in names)
     original = installed_sglang()
     rows = []
     with tempfile.TemporaryDirectory(prefix="sglang-mutants-") as scratch:
@@ -331,8 +441,8 @@ def main() -> int:
     print(f"\n{killed}/{len(rows)} source mutants found; clean copy: "
           + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean copy returned above
     with open(args.out, "w") as fh:
-        json.dump({"device": args.device, "examples": args.examples, "seeds": not args.no_seeds, "clean": clean,
-                   "rows": rows}, fh, indent=1)
+        json.dump({"sglang": installed, "device": args.device, "examples": args.examples, "seeds": not args.no_seeds,
+                   "clean": clean, "rows": rows}, fh, indent=1)
     return 0 if killed == len(rows) else 1
 
 

@@ -4,6 +4,7 @@ does, so that an event SGLang records on the wrong stream orders nothing and the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.device import SimDevice
@@ -56,3 +57,29 @@ def test_host_work_runs_after_what_its_stream_was_given_and_is_tracked():
     device.synchronize()
     assert seen[0].tolist() == [7.0, 7.0]
     assert ("copy_", "overwrite") in [(c.earlier.op, c.later.op) for c in device.tracker.conflicts]
+
+
+@pytest.mark.gpu
+def test_a_stream_sglang_creates_during_a_step_is_a_tracked_harness_stream():
+    """0.5.19's `run_event_loop` makes its own schedule stream (`device_module.Stream(priority=0)`): on CUDA
+    it must be a stream of the harness, whose wait on the event orders the scheduler's writes after the read,
+    and whose work lands on that very stream (not on one the harness makes up)."""
+    from harness.device import make_device
+    from harness.sglang_target.platform import CudaEventBridge
+
+    device = make_device("cuda")
+    bridge, real = CudaEventBridge(device), torch.cuda.Stream
+    with bridge.bound():
+        made = torch.cuda.Stream(priority=0)
+        assert isinstance(made, torch.cuda.ExternalStream) and bridge.stream_of(made.cuda_stream).name == "sglang-new"
+        with device.stream(device.forward_stream):
+            device.launch("forward.read", lambda: None, reads={"req_to_token": None})
+            event = torch.cuda.Event()
+            event.record()
+            bridge.recorded(event, torch.cuda.current_stream())  # what a record issued by SGLang's code tells it
+        made.wait_event(event)
+        with torch.cuda.stream(made), device.stream(bridge.stream_of(torch.cuda.current_stream().cuda_stream)):
+            device.launch("scheduler.write", lambda: None, writes={"req_to_token": None})
+    device.synchronize()
+    assert device.tracker.conflicts == []
+    assert torch.cuda.Stream is real  # restored after the step

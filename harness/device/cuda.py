@@ -15,6 +15,10 @@ from harness.device.base import Device, Event, GraphCapture, Stream
 
 GATE_POLL_S = 50e-6  # how often `open_gates` looks at the other streams' progress
 
+# torch's stream class, as imported: a target's adapter may stand in for `torch.cuda.Stream` while the target
+# runs (the sglang target's event bridge), and the device's own streams must stay plain CUDA streams.
+_NATIVE_STREAM = torch.cuda.Stream
+
 
 class CudaDevice(Device):
     kind = "cuda"
@@ -35,7 +39,7 @@ class CudaDevice(Device):
 
     def new_stream(self, name: str) -> Stream:
         stream = super().new_stream(name)
-        self._streams[stream.id] = native = torch.cuda.Stream()
+        self._streams[stream.id] = native = _NATIVE_STREAM()
         self._ids_by_native[native.cuda_stream] = stream.id
         return stream
 
@@ -94,7 +98,7 @@ class CudaDevice(Device):
         tensors by address at every replay. Captured on a side stream, without the device-wide
         synchronize of `torch.cuda.graph`, so a capture does not close the race window it sits in."""
         graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
+        side = _NATIVE_STREAM()
         side.wait_stream(torch.cuda.current_stream())
         collecting = gc.isenabled()
         gc.disable()  # a collected graph of an earlier case would free its pool mid-capture and void it

@@ -59,6 +59,7 @@ MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 LOGITS = "sglang.srt.layers.logits_processor"
 SERVER_ARGS = "sglang.srt.server_args"
+SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook"
 
 # (module, dotted attribute) every generation needs; each generation's own names are in `generations`.
 _COMMON = [
@@ -87,7 +88,7 @@ _COMMON = [
     (FORWARD, "CaptureHiddenMode"), (LOGITS, "LogitsProcessorOutput"), (KV_TRANSLATOR, "KVIndexTranslator"),
     (MODEL_RUNNER, "ModelRunner.prepare_dummy_forward_batch"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
-    (SERVER_ARGS, "ServerArgs"), (RUNTIME, "publish"),
+    (SERVER_ARGS, "ServerArgs"), (RUNTIME, "publish"), (SPEC_HOOK, "_resolve_speculative_algorithm_alias"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.can_run_graph"), (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
@@ -98,8 +99,9 @@ _COMMON = [
 CP_PREDICATES = ("is_cp_active", "is_cp_v2_active")
 
 
-# Compiled extensions SGLang imports on a CUDA host, stood in only where they cannot be loaded.
-COMPILED_EXTENSIONS = ("sgl_kernel",)
+# Compiled extensions SGLang imports on a CUDA host, stood in only where they cannot be loaded: its CUDA kernels
+# (sglang-kernel) and flashinfer's, which 0.5.19's fp8 utilities import on CUDA.
+COMPILED_EXTENSIONS = ("sgl_kernel", "flashinfer")
 
 
 class StandInUsed(EnvironmentBroken):
@@ -274,6 +276,8 @@ def load_api() -> SglangApi:
     stand_ins = StandIns()
     if os.environ.get("TRITON_INTERPRET") != "1":  # a CUDA host: SGLang's CUDA branches import its extensions
         stand_ins.stand_in_unloadable(COMPILED_EXTENSIONS)
+        if "flashinfer" in stand_ins.reasons:  # SGLang's own switch for a host without it: its optional uses stay off
+            os.environ.setdefault("SGLANG_IS_FLASHINFER_AVAILABLE", "false")
     try:
         version = dist_version("sglang")
     except PackageNotFoundError:
@@ -328,7 +332,7 @@ def load_api() -> SglangApi:
         tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER, model_runner=MODEL_RUNNER,
         buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
         kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
-        shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
+        spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
         graph_config=GRAPH_CONFIG).items()}
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)

@@ -105,6 +105,8 @@ PR_EARLY = Generation(
     context_takes_batch=False, runs_cp=False)
 
 GENERATIONS = (RESOLVER, PR_LATE, PR_EARLY)
+# The generation of each release on PyPI, read in its wheel (`recognise` is what decides for an installed one).
+RELEASED = {"0.5.19": PR_EARLY, "0.5.20": PR_EARLY, "0.5.21": PR_LATE, "0.5.22": PR_LATE, "0.5.23": RESOLVER}
 
 
 def recognise(has) -> Optional[Generation]:

@@ -147,7 +147,9 @@ class CudaEventBridge:
     also tells the bridge: a record issued by SGLang's code gets a harness event id and is recorded in
     the tracker on the harness stream it was recorded on, or on a stream of its own when SGLang recorded
     it on a stream the harness does not own (then it orders nothing). The scheduler's streams are torch
-    streams over the harness's (`TrackedStream`), whose `wait_event` / `wait_stream` feed the tracker.
+    streams over the harness's (`TrackedStream`), whose `wait_event` / `wait_stream` feed the tracker; a stream
+    SGLang creates itself while the step runs (`torch.cuda.Stream(...)`: 0.5.19's `run_event_loop` makes its
+    own schedule stream) is a new harness stream, as the simulator's `Stream()` gives one.
     The events stay real CUDA events on the real streams. (torch's GPU trace would see the same, but once
     on it calls into Python at every allocation, also while an exception unwinds, which replaces the
     system under test's own error with a SystemError.)"""
@@ -156,6 +158,7 @@ class CudaEventBridge:
         self.device = device
         self.events: dict[int, tuple[Event, Stream]] = {}
         self.foreign: dict[int, Stream] = {}
+        self.created: dict[int, Stream] = {}  # CUDA handle -> the harness stream of a stream made for SGLang
         self.pending_delay = False
         real = torch.cuda.Event
         bridge = self
@@ -166,21 +169,28 @@ class CudaEventBridge:
                 if _issued_by_sglang():
                     bridge.recorded(self, stream if stream is not None else torch.cuda.current_stream())
 
+        class NewStream(torch.cuda.Stream):
+            def __new__(cls, *args, **kwargs):
+                return bridge.stream(bridge.device.new_stream("sglang-new"))
+
         self._real_event, self._tracked_event = real, TrackedEvent
+        self._real_stream, self._new_stream = torch.cuda.Stream, NewStream
 
     @contextlib.contextmanager
     def bound(self) -> Iterator[None]:
-        torch.cuda.Event = self._tracked_event
+        torch.cuda.Event, torch.cuda.Stream = self._tracked_event, self._new_stream
         try:
             yield
         finally:
-            torch.cuda.Event = self._real_event
+            torch.cuda.Event, torch.cuda.Stream = self._real_event, self._real_stream
 
     def stream_of(self, handle: int) -> Stream:
         """The harness stream with this CUDA handle, or a stream of its own for one the harness does not own."""
         for stream in (self.device.forward_stream, self.device.schedule_stream):
             if self.device.native(stream).cuda_stream == handle:
                 return stream
+        if handle in self.created:
+            return self.created[handle]
         if handle not in self.foreign:
             self.foreign[handle] = self.device.new_stream(f"sglang-{handle:x}")
         return self.foreign[handle]
@@ -198,6 +208,7 @@ class CudaEventBridge:
     def stream(self, harness_stream: Stream) -> "TrackedStream":
         tracked = TrackedStream(stream_ptr=self.device.native(harness_stream).cuda_stream)
         tracked.bridge, tracked.harness = self, harness_stream
+        self.created.setdefault(tracked.cuda_stream, harness_stream)
         return tracked
 
 

@@ -336,7 +336,9 @@ class SglangModelRunner:
         self.probe = session.probe
         self.harness = session.harness_runner
         self.token_to_kv_pool = session.token_to_kv_pool  # what the HiCache backup copies
-        self.spec_algorithm = api.mods["spec"].SpeculativeAlgorithm.from_string(case.spec.name)
+        # --speculative-algorithm as the server resolves it (NEXTN is EAGLE's alias; before 0.5.23 only there)
+        cli_name = api.mods["spec_hook"]._resolve_speculative_algorithm_alias(case.spec.name, None)
+        self.spec_algorithm = api.mods["spec"].SpeculativeAlgorithm.from_string(cli_name)
         self.shared_read_done_event = None
         self.device = "cuda" if device.kind == "cuda" else register_sim_device()
         self.device_module = torch.get_device_module(self.device)
