@@ -27,12 +27,10 @@ from harness.device import make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets.protocol import Publish  # noqa: E402
 
-# Each release's generation and the semantics it implements (read in the wheels).
-RELEASES = {"0.5.19": ("pr-early", "pr"), "0.5.20": ("pr-early", "pr"), "0.5.21": ("pr-late", "pr"),
-            "0.5.22": ("pr-late", "pr"), "0.5.23": ("resolver", "0.5.23")}
 INSTALLED = dist_version("sglang")
 # Host and storage offload and HiSparse have no gate before 0.5.23: a PR-era release publishes under them, which
 # the policy oracle reports (BENCHMARKS.md, "Races found in released SGLang"); the clean checks leave them off.
@@ -59,9 +57,10 @@ def _published(result) -> list[Publish]:
 
 
 def test_the_release_is_recognised_and_named(target):
-    generation, semantics = RELEASES[INSTALLED]
-    assert target.version == INSTALLED and target.semantics == semantics
-    assert f"sglang {INSTALLED}, adapter {generation}" in target.description
+    generation = RELEASED[INSTALLED]
+    semantics = generation.semantics
+    assert target.version == INSTALLED and target.semantics == semantics and target.api.generation is generation
+    assert f"sglang {INSTALLED}, adapter {generation.name}" in target.description
     assert target.cannot_run == (frozenset() if semantics == "0.5.23" else frozenset({"cp_active"}))
 
 
@@ -95,7 +94,7 @@ def _eager_extend(case: Case) -> Case:
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(data=cases(RELEASES[INSTALLED][1], large=False, without=LATER_GATES | {"cp_active"}).map(_eager_extend))
+@given(data=cases(RELEASED[INSTALLED].semantics, large=False, without=LATER_GATES | {"cp_active"}).map(_eager_extend))
 def test_the_release_and_the_reference_model_agree_field_by_field(target, harness_device, data):
     from harness.sglang_target import differential_against_reference
 
