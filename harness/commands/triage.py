@@ -13,7 +13,7 @@ from harness.device import make_device, resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names, parse_oracles
 from harness.targets import load_target
-from harness.triage.objects import ENTRY_POINTS, check_object
+from harness.triage.objects import ENTRY_POINTS, check_object, reads_on_every_call
 from harness.triage.source import check_classes, static_section
 from harness.triage.static import static_triage, triage_classes
 from harness.triage.versions import triage_versions
@@ -54,9 +54,16 @@ def run(args) -> int:
     if backend is None:
         raise InvalidArgument(f"triage --target {args.target}: its session has no model_runner.attn_backend, the "
                               f"object triage checks; give a target whose session exposes its attention backend")
-    breaks = check_object(backend, getattr(session, "contract_entry_points", ENTRY_POINTS))
+    entry_points = getattr(session, "contract_entry_points", ENTRY_POINTS)
+    breaks = check_object(backend, entry_points)
     for b in breaks:
         print(f"[contract] {b}")
+    every_call = {entry: reads_on_every_call(type(backend), entry) for entry in entry_points
+                  if hasattr(type(backend), entry)}
+    for entry, reads in every_call.items():
+        for read in reads:
+            print(f"[every call] {type(backend).__name__}.{entry} reads self.{read} (an object built without "
+                  "__init__ must be given it)")
     static = static_section(check_classes(triage_classes(session)))
     oracles = parse_oracles(args.oracles)
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
@@ -66,7 +73,9 @@ def run(args) -> int:
     if result.minimal:
         print(f"  replay: {result.minimal.replay}")
     report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
-              "contract_breaks": [asdict(b) for b in breaks], **static,
+              "contract_breaks": [asdict(b) for b in breaks],
+              "every_call_reads": {entry: [asdict(r) for r in reads] for entry, reads in every_call.items()},
+              **static,
               "campaign": {**result.summary(), "oracles": [name for name in oracle_names() if oracles is None or name in oracles]}}
     write_json_atomically(Path(args.report_dir) / "triage.json", report)
     print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "

@@ -233,9 +233,12 @@ class SglangSession(ReferenceSession):
     the metadata's copy and refresh, the decisions, the snapshot, the publication and the scheduler's
     loop and barrier are SGLang's."""
 
-    # What triage checks on the real backend: the methods this target drives for real (metadata init and
-    # the model forward are the harness's, so their attribute needs are not the object's contract here).
-    contract_entry_points = ("resolve_prefill_shared_read_ends", "shared_read_ends")
+    @property
+    def contract_entry_points(self) -> tuple[str, ...]:
+        """What triage checks on the real backend: the methods this target drives for real, the installed
+        release's hook among them (metadata init and the model forward are the harness's, so their
+        attribute needs are not the object's contract here)."""
+        return self.api.generation.hook, "shared_read_ends"
 
     def __init__(self, api, case: Case, device):
         if case.semantics != api.semantics:

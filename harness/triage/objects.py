@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections import deque
 import textwrap
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -75,6 +75,99 @@ def check_object(obj, entry_points: Iterable[str] = ENTRY_POINTS) -> list[Break]
                 breaks.append(Break(cls.__name__, attr, path, short_path(file), line))
         queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
     return breaks
+
+
+@dataclass(frozen=True)
+class Read:
+    """An attribute an entry point reads on every call, whatever its arguments."""
+
+    attribute: str
+    call_path: tuple[str, ...]
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.attribute}, read by {' -> '.join(self.call_path)} at {self.file}:{self.line}"
+
+
+def _unconditional(func) -> tuple[list[tuple[str, int]], list[str], str]:
+    """The `self.<attr>` loads and the methods called on self that `func` evaluates on every call: its body up to
+    the first statement that may leave it early (a branch holding a return or a raise, a loop, a try), with the
+    branches' tests but not their bodies, and only the first operand of `and` / `or` and the test of `x if t else
+    y` (the rest is evaluated on some calls only)."""
+    try:
+        source, first = inspect.getsourcelines(func)
+        file = inspect.getsourcefile(func) or "?"
+    except (OSError, TypeError):
+        return [], [], "?"
+    [definition] = ast.parse(textwrap.dedent("".join(source))).body
+    reads: list[tuple[str, int]] = []
+    calls: list[str] = []
+
+    def take(node) -> None:
+        if isinstance(node, ast.BoolOp):
+            take(node.values[0])
+            return
+        if isinstance(node, ast.IfExp):
+            take(node.test)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and isinstance(node.ctx, ast.Load)):
+            reads.append((node.attr, first + node.lineno - 1))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+            calls.append(node.func.attr)
+        for child in ast.iter_child_nodes(node):
+            take(child)
+
+    for statement in definition.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(statement, (ast.If, ast.While)):
+            take(statement.test)
+            if any(isinstance(n, (ast.Return, ast.Raise, ast.Break, ast.Continue)) for n in ast.walk(statement)):
+                break
+            continue
+        if isinstance(statement, (ast.For, ast.AsyncFor)):
+            take(statement.iter)
+            break
+        if isinstance(statement, (ast.With, ast.AsyncWith)):
+            for item in statement.items:
+                take(item.context_expr)
+            break
+        if isinstance(statement, (ast.Try, ast.Match)):
+            break
+        take(statement)
+        if isinstance(statement, (ast.Return, ast.Raise)):
+            break
+    return reads, calls, file
+
+
+def reads_on_every_call(cls: type, entry: str) -> list[Read]:
+    """The instance attributes `cls.entry` reads on every call, through the methods it always calls on self:
+    what an object built without `__init__` (as SGLang's own unit tests build a backend) must be given before
+    the entry point can run at all. Class attributes, methods and properties are not counted."""
+    found: list[Read] = []
+    seen: set[str] = set()
+    queue = deque([(entry, (entry,))])
+    while queue:
+        name, path = queue.popleft()
+        if name in seen:
+            continue
+        seen.add(name)
+        func = inspect.getattr_static(cls, name, None)
+        if isinstance(func, (staticmethod, classmethod)):
+            func = func.__func__
+        if not inspect.isfunction(func):
+            continue
+        reads, calls, file = _unconditional(func)
+        for attr, line in reads:
+            if not hasattr(cls, attr) and not any(r.attribute == attr for r in found):
+                found.append(Read(attr, path, short_path(file), line))
+        queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
+    return found
 
 
 def _has(obj, attr: str) -> bool:

@@ -55,9 +55,42 @@ class VersionsOutcome:
     first_failing: str | None
     last_passing: str | None
 
+    def matrix(self) -> list[dict]:
+        """Version by check: each version's verdict and the count of each check's breaks or findings (None
+        where the check did not run), and the attributes each entry point reads on every call."""
+        rows = []
+        for r in self.results:
+            report = r.report or {}
+            campaign = report.get("campaign")
+            rows.append({"version": r.version, "status": r.status,
+                         "contract": len(report["contract_breaks"]) if "contract_breaks" in report else None,
+                         "static": len(report["static_breaks"]) if "static_breaks" in report else None,
+                         "findings": len(campaign["findings"]) if campaign else None,
+                         "cases": campaign.get("cases") if campaign else None,
+                         "every_call_reads": {entry: [read["attribute"] for read in reads] for entry, reads
+                                              in (report.get("every_call_reads") or {}).items()}})
+        return rows
+
+    def first_every_call_reads(self) -> list[dict]:
+        """Each attribute an entry point reads on every call that an earlier version's did not: the first
+        version that reads it, with the call path and line. An object built without `__init__` (SGLang's own
+        unit tests build a backend so) breaks there: 'object has no attribute ...'."""
+        firsts, before = [], None
+        for r in self.results:
+            reads = (r.report or {}).get("every_call_reads")
+            if reads is None:
+                continue
+            for entry, entry_reads in reads.items():
+                for read in entry_reads:
+                    if before is not None and read["attribute"] not in before.get(entry, set()):
+                        firsts.append({"version": r.version, "entry": entry, **read})
+            before = {entry: {read["attribute"] for read in entry_reads} for entry, entry_reads in reads.items()}
+        return firsts
+
     def to_json(self) -> dict:
         return {"first_failing": self.first_failing, "last_passing": self.last_passing,
-                "versions": [asdict(r) for r in self.results]}
+                "versions": [asdict(r) for r in self.results], "matrix": self.matrix(),
+                "first_every_call_reads": self.first_every_call_reads()}
 
 
 class Installer(Protocol):
@@ -375,6 +408,19 @@ def inner_triage(*, examples: int, device: str, root: Path) -> Triage:
     return run
 
 
+def render_matrix(outcome: VersionsOutcome) -> str:
+    """The version by check matrix as text: one row a version."""
+    def cell(value) -> str:
+        return "-" if value is None else str(value)
+
+    lines = ["version   status          contract static findings/cases  entry points' every-call reads"]
+    for row in outcome.matrix():
+        reads = "; ".join(f"{entry}: {', '.join(attrs) or 'none'}" for entry, attrs in row["every_call_reads"].items())
+        lines.append(f"{row['version']:9} {row['status']:15} {cell(row['contract']):8} {cell(row['static']):6} "
+                     f"{cell(row['findings']) + '/' + cell(row['cases']):15} {reads or '-'}")
+    return "\n".join(lines)
+
+
 def triage_versions(args) -> int:
     """`python -m harness triage --versions ...`: print each version's verdict and the first failing one."""
     versions = parse_versions(args.versions)
@@ -387,6 +433,11 @@ def triage_versions(args) -> int:
     outcome = runner.run(versions, bisect=args.bisect,
                          on_result=lambda r: print(f"sglang {r.version}: {r.status}: {r.detail}", flush=True))
     write_json_atomically(report_dir / "versions.json", outcome.to_json())
+    print(render_matrix(outcome))
+    for first in outcome.first_every_call_reads():
+        print(f"sglang {first['version']}: {first['entry']} now reads self.{first['attribute']} on every call, by "
+              f"{' -> '.join(first['call_path'])} at {first['file']}:{first['line']}: a backend built without "
+              "__init__ (as SGLang's unit tests build one) breaks there")
     if outcome.first_failing:
         first = next(r for r in outcome.results if r.version == outcome.first_failing)
         since = f" (last passing: {outcome.last_passing})" if outcome.last_passing else ""
