@@ -7,7 +7,7 @@ from harness.device import SimDevice
 from harness.model.backend import DeepseekV4AttnBackend
 from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget
-from harness.triage.objects import check_object
+from harness.triage.objects import check_object, reads_on_every_call
 
 
 def built_backend(target):
@@ -36,3 +36,32 @@ def test_a_backend_built_without_init_names_the_attribute_and_the_reading_line()
 def test_the_seeded_missing_attribute_mutant_is_reported():
     assert [b.attribute for b in check_object(built_backend(mutant_target("missing_token_to_kv_pool")))] == \
         ["token_to_kv_pool"]
+
+
+class _Backend:
+    switch = True  # a class attribute: every object has it
+
+    def hook(self, batch):
+        first = self.first or self.second  # `first` on every call, `second` only when `first` is falsy
+        if self.pool.window is not None:  # read on every call
+            return None
+        if batch:
+            self.late()  # past an early return: on some calls only
+        return first
+
+    def late(self):
+        return self.late_attr
+
+    def entry(self):
+        self.helper()
+        return self.switch
+
+    def helper(self):
+        return self.always
+
+
+def test_every_call_reads_are_what_an_object_built_without_init_must_carry():
+    assert [(r.attribute, r.call_path) for r in reads_on_every_call(_Backend, "hook")] == [
+        ("first", ("hook",)), ("pool", ("hook",))]  # the early return ends the every-call part
+    assert [(r.attribute, r.call_path) for r in reads_on_every_call(_Backend, "entry")] == [
+        ("always", ("entry", "helper"))]

@@ -23,6 +23,7 @@ from harness.triage.versions import (
     PipInstaller,
     VersionTriage,
     parse_versions,
+    project_root,
     requirements_for,
 )
 
@@ -275,3 +276,32 @@ def test_the_installer_installs_what_the_version_requires_for_a_missing_module(t
     assert not installer.install_missing("0.5.19", wheel, "uvloop")  # not a requirement of the version
     assert not installer.install_missing("0.5.19", wheel, "torch")  # the machine's torch stays
     assert len(commands) == made
+
+
+def test_the_source_tree_installed_into_each_environment_is_this_checkout():
+    """It was the `harness` folder once the module moved into `harness/triage/`: every run refused to start."""
+    root = project_root()
+    assert (root / "pyproject.toml").is_file() and (root / "harness" / "triage" / "versions.py").is_file()
+
+
+def test_the_matrix_names_the_first_version_whose_hook_reads_an_attribute_on_every_call():
+    """The seed's CI break: 0.5.21's hook starts by reading `self.token_to_kv_pool`, which a backend built
+    without __init__ (SGLang's q8kv8 unit tests) lacks; 0.5.19 and 0.5.20 read it only on the sparse path."""
+    from harness.triage.versions import VersionResult, VersionsOutcome
+
+    hook = "prepare_prefill_shared_read_snapshot"
+    read = {"attribute": "token_to_kv_pool", "call_path": [hook], "file": "sglang/srt/layers/attention/x.py",
+            "line": 2345}
+
+    def report(reads):
+        return {**CLEAN, "every_call_reads": {hook: reads, "shared_read_ends": []}}
+
+    outcome = VersionsOutcome([VersionResult("0.5.19", PASS, "", report([])),
+                               VersionResult("0.5.20", PASS, "", report([])),
+                               VersionResult("0.5.21", PASS, "", report([read])),
+                               VersionResult("0.5.22", PASS, "", report([read]))], None, "0.5.22")
+    [first] = outcome.first_every_call_reads()
+    assert first["version"] == "0.5.21" and first["attribute"] == "token_to_kv_pool" and first["line"] == 2345
+    rows = outcome.matrix()
+    assert [r["every_call_reads"][hook] for r in rows] == [[], [], ["token_to_kv_pool"], ["token_to_kv_pool"]]
+    assert rows[0]["contract"] == 0 and rows[0]["findings"] == 0 and rows[0]["cases"] == 5

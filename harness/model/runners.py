@@ -239,6 +239,9 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
         self.probe.note(Dispatch(mode=fb.forward_mode.name, tokens=fb.num_tokens))
         if fb.forward_mode.is_idle():
+            # EagerRunner._execute_idle of every release: an idle batch without rows drops the stale metadata
+            # (an SWA use-after-free otherwise), so nothing declared for the last batch outlives it
+            self.attn_backend.forward_metadata = None
             return {}
         if graph and self.graph_runner.can_run_graph(fb.num_tokens):
             out = self.graph_runner.execute(fb)

@@ -169,8 +169,12 @@ class CudaEventBridge:
                 if _issued_by_sglang():
                     bridge.recorded(self, stream if stream is not None else torch.cuda.current_stream())
 
-        class NewStream(torch.cuda.Stream):
+        real_stream = torch.cuda.Stream
+
+        class NewStream(real_stream):
             def __new__(cls, *args, **kwargs):
+                if "stream_id" in kwargs or "stream_ptr" in kwargs:  # torch naming a stream that exists
+                    return real_stream(*args, **kwargs)  # (`current_stream()` builds its answer so)
                 return bridge.stream(bridge.device.new_stream("sglang-new"))
 
         self._real_event, self._tracked_event = real, TrackedEvent

@@ -271,7 +271,7 @@ def _run(cmd: list[str]) -> tuple[int, str]:
 
 def project_root() -> Path:
     """The harness's source tree, installed (editable) into each environment."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # harness/triage/versions.py -> the checkout
     if not (root / "pyproject.toml").is_file():
         raise EnvironmentBroken(f"multi-version triage installs the harness from its source tree, but {root} has "
                                 "no pyproject.toml: run it from a checkout of the harness")
