@@ -171,7 +171,8 @@ MIXED = (Request(7, 5), Request(4, 1))
     ("0.5.23", False, False, True),   # EagerRunner.execute runs a mixed batch as EXTEND
     ("0.5.23", True, False, False),   # graph replay keeps MIXED
     ("0.5.23", False, True, False),   # CP keeps MIXED (and closes the gate anyway)
-    ("pr", False, False, False),
+    ("pr", False, False, True),       # so does every PR-era release's eager runner (0.5.19 on)
+    ("pr", True, False, False),
 ])
 def test_mixed_publishes_only_where_it_runs_as_extend(semantics, graph, cp, publishes):
     case = Case(semantics=semantics, spec=S.DFLASH,
