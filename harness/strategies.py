@@ -79,7 +79,7 @@ BUCKETS = generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
 MAX_TOKENS = 32_768
 MAX_PREFIX = 16_384
 _DECADES = [(1, 9), (10, 99), (100, 999), (1000, 9999), (10_000, MAX_TOKENS)]
-# A MIXED batch a quarter of the time: eager, 0.5.23 runs it as EXTEND (it publishes), replayed it
+# A MIXED batch a quarter of the time: eager, every release runs it as EXTEND (it publishes), replayed it
 # does not, and both readings are bugs someone has written.
 _MODES = [ForwardMode.EXTEND] * 8 + [ForwardMode.MIXED] * 4 + [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
                                                                ForwardMode.DRAFT_EXTEND, ForwardMode.IDLE]
@@ -322,7 +322,7 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset()) -> list[Ca
         case(replay, Batch(mode=ForwardMode.MIXED, requests=two, graph=True, mutations=mut), contract="bcg"),
         case(extend, Batch(mode=ForwardMode.DECODE, requests=mixed, mutations=mut)),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, graph=True, mutations=mut)),
-        case(Batch(mode=ForwardMode.MIXED, requests=mixed, mutations=mut)),  # eager: 0.5.23 runs it as EXTEND
+        case(Batch(mode=ForwardMode.MIXED, requests=mixed, mutations=mut)),  # eager: every release runs it as EXTEND
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)),
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, hierarchical_cache=True)),
         case(extend, spec=S.EAGLE),
