@@ -56,7 +56,7 @@ _MODE_GROUPS = {"extend": {ForwardMode.EXTEND}, "mixed": {ForwardMode.MIXED},
 KV_OFFLOAD = ("hierarchical_cache", "hicache_storage", "lmcache")
 CLOSED_CONDITIONS = ["open", "open", "mode", "spec", "READ_DONE off", "coarse barrier", "cp_active", "hisparse",
                      "KV offload", "bcg", "bcg"]
-# "mode": the first batch's forward mode is what decides, every gate open. Mostly MIXED: eager, 0.5.23
+# "mode": the first batch's forward mode is what decides, every gate open. Mostly MIXED: eager, every release
 # runs it as EXTEND and it publishes; replayed, it does not; each reading is a regression someone wrote.
 _DECIDING_MODES = [ForwardMode.MIXED] * 3 + [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,
                                              ForwardMode.IDLE]
