@@ -136,3 +136,19 @@ def test_a_later_gate_the_release_lacks_is_reported_not_hidden(target, harness_d
         assert not _published(result) and not found
     else:
         assert _published(result) and ("policy", "unexpected-publish") in found
+
+
+def test_lmcache_stores_the_stashed_chunk_unordered_where_the_release_publishes_under_it(target, harness_device):
+    """The race of 0.5.21 and 0.5.22 (BENCHMARKS.md, "Races found in released SGLang"): the next step's stash
+    stores the chunk to LMCache on the schedule stream, which waited only on read-done while the forward still
+    writes that chunk's KV. 0.5.23 does not publish under LMCache; 0.5.19 and 0.5.20 store only after the sync."""
+    case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3)), mutations=(REWRITE,)), lmcache=True)
+    result = run_case(target, case, harness_device, target_spec="sglang")
+    races = [f for f in result.findings if f.kind == "unordered-access" and "lmcache.store" in f.message]
+    if target.api.generation.stores_stashed_chunk and target.semantics == "pr":
+        assert races and any(f.oracle == "differential" and "lmcache_stored_chunk" in f.message
+                             for f in result.findings), [f.message for f in result.findings]
+    else:
+        assert not races
+    if target.semantics == "0.5.23":
+        assert result.findings == [], [f.message for f in result.findings]

@@ -54,6 +54,7 @@ class Generation:
     compressed_api: str  # "compressed": ensure_compressed / combine_compressed / layer_inputs; "c4": ensure_c4 ...
     context_takes_batch: bool  # `forward_context(ctx, forward_batch=...)`, as `ModelRunner._forward_raw` enters it
     runs_cp: bool  # a CP batch runs in one process: the model owns the CP layout (CP-TP group sharing)
+    stores_stashed_chunk: bool  # with LMCache, the next step's stash stores the chunk just prefilled
 
     @property
     def publishes_from_read_end(self) -> bool:
@@ -75,7 +76,8 @@ RESOLVER = Generation(
            (KV_TRANSLATOR, "KVIndexTranslator.own_plan")),
     hook="resolve_prefill_shared_read_ends", kv_buffer=("sparse_prefill_kv_buffer", "SparsePrefillKVBuffer"),
     swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed",
-    context_takes_batch=True, runs_cp=True)
+    context_takes_batch=True, runs_cp=True,
+    stores_stashed_chunk=True)
 
 PR_LATE = Generation(
     name="pr-late", semantics="pr",
@@ -89,7 +91,8 @@ PR_LATE = Generation(
            (SPARSE_UTILS, "build_swa_token_ids"), (SPARSE_UTILS, "combine_topk_swa_indices")),
     hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
     swa_kernels_module=SPARSE_UTILS, build_takes_core=True, compressed_api="compressed",
-    context_takes_batch=False, runs_cp=False)
+    context_takes_batch=False, runs_cp=False,
+    stores_stashed_chunk=True)
 
 PR_EARLY = Generation(
     name="pr-early", semantics="pr",
@@ -102,7 +105,8 @@ PR_EARLY = Generation(
            (SPARSE_UTILS, "build_swa_token_ids"), (SPARSE_UTILS, "combine_topk_swa_indices")),
     hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
     swa_kernels_module=SPARSE_UTILS, build_takes_core=False, compressed_api="c4",
-    context_takes_batch=False, runs_cp=False)
+    context_takes_batch=False, runs_cp=False,
+    stores_stashed_chunk=False)
 
 GENERATIONS = (RESOLVER, PR_LATE, PR_EARLY)
 # The generation of each release on PyPI, read in its wheel (`recognise` is what decides for an installed one).

@@ -13,7 +13,8 @@ real Scheduler would do around them is the harness's:
   loop does; the second has no batch and processes the first one's result (`pop_and_process`): the
   harness's mutator, on the schedule stream the loop runs on. Then `gracefully_exit` ends the loop.
 
-Replaced: request intake (`ingest_requests`; before 0.5.21 `request_receiver` and `process_input_requests`), batch selection (`get_next_batch_to_run` returns the case's
+Replaced: request intake (`ingest_requests`; before 0.5.21 `request_receiver` and `process_input_requests`),
+the chunked-request stash's device work in the next scheduling step (the LMCache store, see the session), batch selection (`get_next_batch_to_run` returns the case's
 batch), the batch object (`ShellBatch`: the fields the loop reads), result processing (the mutator),
 sampling and idle checks (no-ops).
 """
@@ -61,6 +62,7 @@ class SchedulerShell:
         self._iterations = 0
         self._plan: Optional[tuple[ShellBatch, Callable[[], Any], Callable[[], None]]] = None
         self._process: Callable[[], None] = lambda: None
+        self._stash: Callable[[], Any] = lambda: None
         self.outputs: Any = None
         self.loops_dispatched = 0
         self.request_receiver = SimpleNamespace(recv_requests=self._receive)  # the intake before 0.5.21
@@ -86,7 +88,15 @@ class SchedulerShell:
         """The intake's second half before 0.5.21: nothing arrived."""
 
     def get_next_batch_to_run(self, *, running_batch, last_batch):
+        """The batch on the first iteration. On the second, the scheduling step after the batch ran (past the
+        barrier, before its result is processed), where SGLang stashes a chunked request: `stash` does what
+        the stash issues on the device (the LMCache store of the chunk, see the session)."""
         batch = self._plan[0] if self._iterations == 1 else None
+        if self._iterations == 2:
+            with self.harness_device.stream(self.harness_stream()):
+                stored = self._stash()
+            if stored is not None and isinstance(self.outputs, dict):
+                self.outputs.update(stored)
         return SimpleNamespace(running_batch=running_batch, batch_to_run=batch)
 
     def run_batch(self, batch: ShellBatch):
@@ -129,9 +139,10 @@ class SchedulerShell:
             sched.is_cuda = saved
 
     def iterate(self, batch: ShellBatch, *, forward: Callable[[], Any], process: Callable[[], None],
-                after_launch: Callable[[], None]):
-        """One batch through SGLang's `run_event_loop` and `event_loop_overlap`; the forward's outputs."""
-        self._plan, self._process = (batch, forward, after_launch), process
+                after_launch: Callable[[], None], stash: Callable[[], Any] = lambda: None):
+        """One batch through SGLang's `run_event_loop` and `event_loop_overlap`; the forward's outputs (and
+        what `stash` returns: outputs of the next step's device work on the batch)."""
+        self._plan, self._process, self._stash = (batch, forward, after_launch), process, stash
         self._iterations, self.last_batch, self.running_batch, self.outputs = 0, None, None, None
         before = self.loops_dispatched
         with self._cuda_host():

@@ -285,9 +285,35 @@ class SglangSession(ReferenceSession):
         try:
             with sglang_config(self.api, self.case), mr.device_binding():
                 return self.scheduler.iterate(batch, forward=lambda: self.forward(fb, graph=graph),
-                                              process=process_batch_result, after_launch=after_launch)
+                                              process=process_batch_result, after_launch=after_launch,
+                                              stash=lambda: self._stash_chunk_to_lmcache(fb))
         finally:
             self.api.stand_ins.check_unused(uses)
+
+    def _stash_chunk_to_lmcache(self, fb: ForwardBatch) -> Optional[dict[str, torch.Tensor]]:
+        """With LMCache on, from 0.5.21: the scheduling step after a chunk of a chunked prefill ran stashes the
+        request (`stash_chunked_request`), and LMCache's cache stores the chunk (`_submit_store` ->
+        `lmcache_connector.submit_store`, no producer stream: its transfer waits on an event recorded on the
+        current stream, the schedule stream; lmcache_unified_radix_cache.py, 0.5.21 L947, 0.5.22 L938). The
+        harness takes an EXTEND batch's last request as such a chunk (chunked prefill is on wherever prompts
+        are long) and issues the store's read of its KV where the stash runs; the stored copy is an output."""
+        if not (self.case.flags.lmcache and self.api.generation.stores_stashed_chunk
+                and fb.forward_mode is HForwardMode.EXTEND and fb.batch_size):
+            return None
+        pool, last = self.token_to_kv_pool, fb.batch_size - 1
+        rows = [t for t, req in enumerate(fb.row_req[:fb.num_tokens]) if req == last]
+        full_slots = fb.out_cache_loc[rows]
+        stored = torch.zeros(pool.swa_kv.shape[0], len(rows), pool.swa_kv.shape[2], device=pool.swa_kv.device)
+        f2s = pool.full_to_swa_index_mapping
+
+        def store():
+            stored.copy_(pool.swa_kv[:, f2s[full_slots]])
+
+        self.device.launch("lmcache.store(stashed chunk)", store,
+                           reads={"full_to_swa": None, **{f"swa_kv[{layer}]": None
+                                                          for layer in range(pool.swa_kv.shape[0])}},
+                           writes={"lmcache.host": None})
+        return {"lmcache_stored_chunk": stored}
 
     def _harness_stream(self):
         """The harness stream SGLang's code is on now: the simulator's current one, or torch's on CUDA."""
