@@ -152,6 +152,14 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: flo
     return out, max_logits, lse.masked_fill(lonely, math.inf)
 
 
+def _counted_columns(valid: torch.Tensor) -> torch.Tensor:
+    """The index columns [topk] some query counts: a column no query counts adds nothing to any output, so
+    it is dropped before the keys are gathered (the first is kept where none counts: rows need a column)."""
+    used = valid.any(dim=0)
+    used[0] |= not bool(used.any())
+    return used
+
+
 def _row_chunks(rows: int, keys_per_row: int):
     step = max(1, KEYS_PER_STEP // max(1, keys_per_row))
     for start in range(0, rows, step):
@@ -189,16 +197,18 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
     lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
     kv2 = kv[:, 0, :]
     sink = None if attn_sink is None else attn_sink.float()
-    positions = torch.arange(topk, device=q.device)
-    for rows in _row_chunks(s_q, topk * d_qk):
-        idx = indices[rows, 0, :].long()
-        valid = (idx >= 0) & (idx < s_kv)
-        if topk_length is not None:
-            valid &= positions[None, :] < topk_length[rows, None]
+    every_idx = indices[:, 0, :].long()
+    counted = (every_idx >= 0) & (every_idx < s_kv)
+    if topk_length is not None:
+        counted &= torch.arange(topk, device=q.device)[None, :] < topk_length[:, None]
+    used = _counted_columns(counted)
+    every_idx, counted = every_idx[:, used], counted[:, used]
+    for rows in _row_chunks(s_q, every_idx.shape[1] * d_qk):
+        idx, valid = every_idx[rows], counted[rows]
         if s_kv:
             keys = kv2[torch.where(valid, idx, 0)].float()
         else:  # nothing to gather: every index is out of range
-            keys = torch.zeros((idx.shape[0], topk, d_qk), dtype=torch.float32, device=q.device)
+            keys = torch.zeros((idx.shape[0], idx.shape[1], d_qk), dtype=torch.float32, device=q.device)
         keys = keys.masked_fill(~valid[..., None], 0.0)  # a skipped key's NaN must not reach out
         o, m, s = _attend(q[rows].float(), keys, valid, sm_scale, d_v, sink)
         out[rows] = o.to(torch.bfloat16)
@@ -236,6 +246,15 @@ def _gather_v4(pages: torch.Tensor, page_size: int, tokens: torch.Tensor) -> tor
     return keys.view(*tokens.shape, V4_NOPE + V4_ROPE)
 
 
+def _distinct_v4(pages: torch.Tensor, page_size: int, tokens: torch.Tensor, d_qk: int):
+    """The distinct tokens of `tokens` dequantized (`_gather_v4`): (table [n, 512] bf16, the position of each
+    token in it, shaped as `tokens`). No pages: every index is -1 (checked), so a table of one zero key."""
+    if not pages.shape[0]:
+        return torch.zeros((1, d_qk), dtype=torch.bfloat16, device=tokens.device), torch.zeros_like(tokens).long()
+    distinct, which = torch.unique(tokens, return_inverse=True)
+    return _gather_v4(pages, page_size, distinct), which
+
+
 def _v4_scope(name: str, k_cache, indices, topk_length, b: int, s_q: int):
     """One cache and its indices [b, s_q, topk] int32: -1 is skipped, as is every position at or past
     topk_length[b]; any other index must address a token of the cache (the kernel reads it unchecked)."""
@@ -253,7 +272,9 @@ def _v4_scope(name: str, k_cache, indices, topk_length, b: int, s_q: int):
     if not (indices.is_cuda and torch.cuda.is_current_stream_capturing()):  # a graph capture cannot sync
         bad = valid & ((indices < 0) | (indices >= capacity))
         _require(not bool(bad.any()), f"indices of {name} outside [-1, {capacity}) at {bad.nonzero()[:4].tolist()}")
-    return pages, k_cache.shape[1], indices.reshape(b * s_q, topk), valid.reshape(b * s_q, topk)
+    indices, valid = indices.reshape(b * s_q, topk), valid.reshape(b * s_q, topk)
+    used = _counted_columns(valid)
+    return pages, k_cache.shape[1], indices[:, used], valid[:, used]
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
@@ -314,14 +335,12 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     out = torch.empty((b * s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((b * s_q, h_q), dtype=torch.float32, device=q.device)
     sink = None if attn_sink is None else attn_sink.float()
+    # Each distinct token dequantized once (rows share most of their keys: a window slides by one per query).
+    tables = [_distinct_v4(pages, page_size, torch.where(ok, idx, 0), d_qk) for pages, page_size, idx, ok in scopes]
     for rows in _row_chunks(b * s_q, total_topk * d_qk):
         keys, valid = [], []
-        for pages, page_size, idx, ok in scopes:
-            if pages.shape[0]:
-                part = _gather_v4(pages, page_size, torch.where(ok[rows], idx[rows], 0)).float()
-            else:  # no pages, so every index is -1 (checked above)
-                part = torch.zeros((*idx[rows].shape, d_qk), dtype=torch.float32, device=q.device)
-            keys.append(part.masked_fill(~ok[rows][..., None], 0.0))
+        for (table, which), (_, _, _, ok) in zip(tables, scopes):
+            keys.append(table[which[rows]].float().masked_fill(~ok[rows][..., None], 0.0))
             valid.append(ok[rows])
         o, _, s = _attend(qf[rows].float(), torch.cat(keys, dim=1), torch.cat(valid, dim=1), scale, head_dim_v, sink)
         out[rows] = o.to(torch.bfloat16)

@@ -54,6 +54,10 @@ class Generation:
     compressed_api: str  # "compressed": ensure_compressed / combine_compressed / layer_inputs; "c4": ensure_c4 ...
     context_takes_batch: bool  # `forward_context(ctx, forward_batch=...)`, as `ModelRunner._forward_raw` enters it
     runs_cp: bool  # a CP batch runs in one process: the model owns the CP layout (CP-TP group sharing)
+    # The backend and the KV pool are built by their own __init__s, and an eager EXTEND batch runs the real metadata
+    # init and forward (`real_backend`, `eager`); otherwise the backend is built without its __init__ and every
+    # batch runs the harness's metadata and layers (the stand-ins were written against 0.5.23's kernels).
+    real_backend: bool = False
 
     @property
     def publishes_from_read_end(self) -> bool:
@@ -75,7 +79,7 @@ RESOLVER = Generation(
            (KV_TRANSLATOR, "KVIndexTranslator.own_plan")),
     hook="resolve_prefill_shared_read_ends", kv_buffer=("sparse_prefill_kv_buffer", "SparsePrefillKVBuffer"),
     swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed",
-    context_takes_batch=True, runs_cp=True)
+    context_takes_batch=True, runs_cp=True, real_backend=True)
 
 PR_LATE = Generation(
     name="pr-late", semantics="pr",

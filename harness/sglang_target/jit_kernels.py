@@ -106,13 +106,14 @@ def fused_store_flashmla_v4(input: torch.Tensor, cache: torch.Tensor, indices: t
     nope = (tiles * inv_scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     rope = x[:, V4_NOPE:].to(torch.bfloat16)
 
-    flat = cache.view(-1)
     page, slot = loc // page_size, loc % page_size
-    data_at = page * page_bytes + slot * V4_DATA_BYTES
-    scale_at = page * page_bytes + page_size * V4_DATA_BYTES + slot * V4_SCALE_BYTES
+    pages = cache.shape[0]
+    data_rows = cache[:, : page_size * V4_DATA_BYTES].view(pages, page_size, V4_DATA_BYTES)
+    scale_at = page_size * V4_DATA_BYTES
+    scale_rows = cache[:, scale_at: scale_at + page_size * V4_SCALE_BYTES].view(pages, page_size, V4_SCALE_BYTES)
     data = torch.cat([nope.reshape(n, V4_NOPE).view(torch.uint8), rope.view(torch.uint8).view(n, 2 * V4_ROPE)], dim=1)
-    flat[(data_at[:, None] + torch.arange(V4_DATA_BYTES, device=cache.device)).view(-1)] = data.reshape(-1)
-    flat[(scale_at[:, None] + torch.arange(V4_TILES, device=cache.device)).view(-1)] = exp.to(torch.uint8).reshape(-1)
+    data_rows[page, slot] = data
+    scale_rows[page, slot, :V4_TILES] = exp.to(torch.uint8)
 
 
 class _FusedStoreModule:
