@@ -166,3 +166,16 @@ def test_float64_allows_a_bf16_output_its_rounding_and_nothing_more():
     run.outputs[0]["attention"] = off.to(torch.bfloat16)
     [finding] = float64_oracle(PLAIN, run)
     assert "x |reference|" in finding.details["tolerance"] and finding.details["token_row"] == 1
+
+
+def test_a_target_that_raises_opening_its_session_is_a_finding():
+    """A target's own constructor failing (0.5.23's backend runs its __init__: a deleted assignment there raises)
+    is the target's finding, with the case's replay, never a harness traceback."""
+
+    class Unbuildable(Target):
+        def open(self, case, device):
+            raise AttributeError("'DeepseekV4AttnBackend' object has no attribute 'token_to_kv_pool'")
+
+    result = run_case(Unbuildable(), PLAIN, "cpu")
+    assert [(f.oracle, f.kind) for f in result.findings] == [("execution", "target-raised")]
+    assert "opening the session: AttributeError" in result.findings[0].message and result.replay
