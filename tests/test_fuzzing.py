@@ -7,6 +7,7 @@ import importlib
 import json
 import subprocess
 import sys
+from types import MappingProxyType
 
 from hypothesis import HealthCheck, given, settings
 
@@ -197,7 +198,7 @@ def test_fixed_sizes_change_no_other_choice_of_the_stream():
 
 
 class _SizedTarget(ReferenceTarget):
-    fixed_dims = dict(DSV4_SIZES)
+    fixed_dims = MappingProxyType(dict(DSV4_SIZES))
 
     def __init__(self):
         super().__init__()

@@ -166,7 +166,7 @@ class World:
         return torch.cat(out)
 
 
-def build(api, world: World) -> "Driver":
+def build(api, world: World) -> Driver:
     full_size = world.full_to_swa.shape[0] - PAGE - 1
     spec = api.mods["spec"].SpeculativeAlgorithm.from_string("NONE")
     return Driver(api, RealDsv4(api, req_to_token=world.req_to_token, full_to_swa=world.full_to_swa,
@@ -413,7 +413,9 @@ def test_layers_match_float64(api, sparse):
 
 def sglang_read(buffer: torch.Tensor, loc: torch.Tensor, page_size: int) -> torch.Tensor:
     """The cache at `loc`, dequantized by SGLang's own reader (`dequantize_k_cache_paged_dsv4`): [n, 512] bf16."""
-    from sglang.kernels.ops.attention.dsv4.dequant_k_cache import dequantize_k_cache_paged_dsv4
+    from sglang.kernels.ops.attention.dsv4.dequant_k_cache import (
+        dequantize_k_cache_paged_dsv4,
+    )
 
     return dequantize_k_cache_paged_dsv4(buffer, loc, page_size=page_size)[:, 0]
 

@@ -21,7 +21,6 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: --tar
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
 
 import torch  # noqa: E402
-
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
@@ -72,6 +71,18 @@ def test_reports_the_installed_version_and_semantics(target):
     assert target.version == "0.5.23" and target.semantics == "0.5.23"
     assert "resolve_prefill_shared_read_ends" in target.description
     assert target.semantics_supported == ("0.5.23",) and target.name == "sglang-0.5.23"
+
+
+def test_the_summary_lists_what_the_real_forward_runs_on_stood_in(target, harness_device):
+    """Where an eager batch runs SGLang's forward (0.5.23, the CPU), the compiled code it reaches is stood in by
+    an implementation of its contract, and the summary says so, each with where it is implemented."""
+    rows = {row["module"]: row["reason"] for row in target.stand_ins}
+    if harness_device != "cpu":
+        assert not any(name.startswith("flash_mla") for name in rows)
+        return
+    assert "harness/sglang_target/flash_mla.py" in rows["flash_mla"]
+    assert "jit_kernels.py" in rows["sglang.kernels.ops.attention.dsv4.attn._jit_fused_store_module"]
+    assert "jit_kernels.py" in rows["sglang.kernels.ops.attention.dsv4.compress._jit_compress_plan_module"]
 
 
 def test_kernels_run_on_the_device_and_the_other_device_is_refused(target, harness_device):

@@ -30,7 +30,7 @@ from harness.case import Case
 from harness.sglang_target import differential
 from harness.sglang_target._api import SglangApi, load_api
 from harness.sglang_target.classes import sglang_classes
-from harness.sglang_target.real_backend import fixed_dims
+from harness.sglang_target.real_backend import fixed_dims, stand_in_rows
 from harness.sglang_target.session import SglangSession
 from harness.targets.protocol import Target
 from harness.triage.source import check_classes
@@ -52,6 +52,8 @@ class SglangTarget(Target):
         # Where the release's backend runs for real, it asserts DSV4's page size, head_dim and top-k.
         self.fixed_dims = fixed_dims(self.api)
         self.stand_ins = self.api.stand_ins.describe()  # compiled extensions that could not load, stood in
+        if self.api.generation.real_backend and self.api.kernels_on == "cpu":  # where the real forward runs
+            self.stand_ins += stand_in_rows(self.api)
         self._contract_breaks: list[str] | None = None
 
     def open(self, case: Case, device):

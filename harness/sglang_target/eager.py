@@ -26,7 +26,7 @@ stored (`kv_state`, decoded by `real_backend.read_v4`).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

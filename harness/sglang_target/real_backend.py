@@ -100,6 +100,20 @@ def prepare(api) -> list[str]:
     return [name for name in _prepared if name != "(prepared)"]
 
 
+def stand_in_rows(api) -> list[dict]:
+    """What `prepare` stood in, as `summary.json`'s `stand_ins` rows (module, reason): each an implementation of
+    the op's contract, tested against it (not a recorder like `_api.StandIns`)."""
+
+    def reason(name: str) -> str:
+        if name.startswith("flash_mla"):
+            return "compiled (sgl-flash-mla), not loadable here: its contract in harness/sglang_target/flash_mla.py"
+        if name.endswith(".torch"):
+            return "its pinned host scratch needs a CUDA driver: allocated unpinned (harness/sglang_target/jit_kernels.py)"
+        return "a CUDA JIT kernel, not buildable without a GPU: its .cuh contract in harness/sglang_target/jit_kernels.py"
+
+    return [{"module": name, "reason": reason(name), "imported_by": []} for name in prepare(api)]
+
+
 @contextlib.contextmanager
 def switches(api) -> Iterator[None]:
     """SGLang's switches for a host without DeepGEMM and the JIT top-k planner (see the module's docstring)."""
@@ -128,7 +142,7 @@ class RealDsv4:
         if full_size % PAGE_SIZE:
             raise ValueError(f"full_size {full_size}: DSV4 allocates whole pages of {PAGE_SIZE}")
         self.api, self.layer_ratios = api, tuple(layer_ratios)
-        self.stood_in = prepare(api)
+        prepare(api)
         self.req_to_token, self.full_to_swa = req_to_token, full_to_swa
         self.pool = importlib.import_module(_POOL).DeepSeekV4TokenToKVPool(
             max_num_reqs=req_to_token.shape[0] - 1, swa_size=-(-swa_size // PAGE_SIZE) * PAGE_SIZE,
@@ -268,4 +282,5 @@ def read_v4(cache: torch.Tensor, page_size: int) -> torch.Tensor:
     return torch.cat([nope, rope], dim=1)
 
 
-__all__ = ["FIXED_DIMS", "HEAD_DIM", "PAGE_SIZE", "RealDsv4", "fixed_dims", "prepare", "read_v4", "switches"]
+__all__ = ["FIXED_DIMS", "HEAD_DIM", "PAGE_SIZE", "RealDsv4", "fixed_dims", "prepare", "read_v4", "stand_in_rows",
+           "switches"]

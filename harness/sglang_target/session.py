@@ -79,9 +79,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import MethodType, SimpleNamespace
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 

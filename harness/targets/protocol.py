@@ -13,8 +13,9 @@ the questions it can (as pytest's hookspec.py documents each hook a plugin may i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
 import torch
 
