@@ -44,6 +44,7 @@ BASE_GRAPH_RUNNER = "srt/model_executor/runner/base_cuda_graph_runner.py"
 EAGER_RUNNER = "srt/model_executor/runner/eager_runner.py"
 SCHEDULER = "srt/managers/scheduler.py"
 BUFFER_REGISTRY = "srt/model_executor/cuda_graph_buffer_registry.py"
+METADATA_KERNEL = "kernels/ops/attention/dsv4/metadata_kernel.py"
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,34 @@ MUTANTS = (
                  "            num_qo_tokens=shape_key.size,\n            build_snapshot=build_snapshot,\n",
                  "            num_qo_tokens=len(forward_batch.input_ids),\n            build_snapshot=build_snapshot,\n",
                  "graph replay snapshots at the live token count, not the padded bucket the replay runs"),
+    # -- the backend's own metadata init and forward (issue 27: run for real on an eager EXTEND batch)
+    SourceMutant("prefill_sparse_always_lazy", BACKEND,
+                 "        q_flat = q.squeeze(1)\n\n        cache = self.forward_metadata.sparse_prefill_cache\n",
+                 "        q_flat = q.squeeze(1)\n\n        cache = None  # rebuilt from the tables by every layer\n",
+                 "_forward_prefill_sparse ignores the resolver's snapshot and builds the chunk cache lazily in every "
+                 "layer, from the live tables, after read-done"),
+    SourceMutant("swa_loc_translated_per_layer", BACKEND,
+                 "        if cached is not None and cached.shape[0] == out_cache_loc.shape[0]:\n            return cached\n",
+                 "",
+                 "get_swa_out_cache_loc translates the write locations through the live Full-to-SWA mapping in every "
+                 "layer, after read-done, instead of taking init's snapshot"),
+    SourceMutant("init_skips_swa_write_snapshot", BACKEND,
+                 "                metadata.core_attn_metadata.swa_out_cache_loc = (\n"
+                 "                    self.token_to_kv_pool.translate_loc_from_full_to_swa(\n"
+                 "                        out_cache_loc\n                    ).to(torch.int32)\n                )\n",
+                 "                pass\n",
+                 "metadata init no longer snapshots the SWA write locations, so every layer's store translates them "
+                 "through the live mapping after read-done"),
+    SourceMutant("store_at_full_slots", BACKEND,
+                 "        swa_loc = self.get_swa_out_cache_loc(forward_batch)\n"
+                 "        self.token_to_kv_pool.set_swa_key_buffer_radix_fused(\n",
+                 "        swa_loc = forward_batch.out_cache_loc\n"
+                 "        self.token_to_kv_pool.set_swa_key_buffer_radix_fused(\n",
+                 "store_cache writes the SWA latents at the full slots, not the SWA slots they map to"),
+    SourceMutant("c4_visible_blocks_off_by_one", METADATA_KERNEL,
+                 "    c4_seq_lens_raw = seq_len // 4\n", "    c4_seq_lens_raw = (seq_len - 1) // 4\n",
+                 "metadata init plans one c4 block too few for a query whose position closes a block (the indexer "
+                 "never chooses it)"),
 )
 
 

@@ -28,12 +28,18 @@ MUTATION_KINDS = (
     "hisparse_evict",  # HiSparse evicts entries of full_to_hisparse
 )
 MUTATION_TARGETS = ("batch", "other")
+# How the KV cache holds a latent: "float32" (the reference model's pools), or "fp8_v4" (DSV4's cache as SGLang
+# stores it: per 64-wide tile of the 448 NoPE values an e4m3 code and a power-of-two scale, the 64 RoPE values
+# in bf16). A world of an "fp8_v4" case draws its data exactly representable there (`harness.world`).
+KV_FORMATS = ("float32", "fp8_v4")
+FP8_V4_NOPE = 448  # the NoPE width of a DSV4 latent; the other 64 values are RoPE
 _LARGE_SEQ = 1 << 16
 
 
 @dataclass(frozen=True)
 class Dims:
-    """Model sizes. SGLang's real ones: 64 heads, head_dim 512, window 128, top-k 512, page 256."""
+    """Model sizes. SGLang's real ones: 64 heads, head_dim 512, window 128, top-k 512, page 256.
+    `kv_format`: see `KV_FORMATS`; "fp8_v4" needs head_dim 512 (448 NoPE + 64 RoPE)."""
 
     heads: int = 2
     head_dim: int = 8
@@ -43,6 +49,7 @@ class Dims:
     page_size: int = 4
     layer_ratios: tuple[int, ...] = (0, 4, 128)
     index_align: int = 128
+    kv_format: str = "float32"
 
     def validate(self) -> None:
         for name in ("heads", "head_dim", "swa_window", "index_topk", "index_dim", "page_size", "index_align"):
@@ -54,6 +61,11 @@ class Dims:
         for ratio in self.layer_ratios:
             if ratio not in (0, 4, 128):
                 raise InvalidArgument(f"dims.layer_ratios contains {ratio!r}: allowed ratios are 0, 4, 128")
+        if self.kv_format not in KV_FORMATS:
+            raise InvalidArgument(f"dims.kv_format={self.kv_format!r} is not one of: {', '.join(KV_FORMATS)}")
+        if self.kv_format == "fp8_v4" and self.head_dim != FP8_V4_NOPE + 64:
+            raise InvalidArgument(f"dims.kv_format='fp8_v4' needs head_dim {FP8_V4_NOPE + 64} (448 NoPE + 64 RoPE), "
+                                  f"got {self.head_dim}")
 
 
 @dataclass(frozen=True)

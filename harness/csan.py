@@ -139,11 +139,12 @@ def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23",
         raise InvalidArgument(f"--examples={examples}: must be >= 1")
     observer = CsanObserver()
     judged: list[Opinions] = []
-    seeds = seed_cases(semantics)[:examples]
+    dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))  # the sizes the target runs at
+    seeds = seed_cases(semantics, dims=dims)[:examples]
 
     @settings(max_examples=max(1, examples - len(seeds)), derandomize=True, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=cases(semantics))
+    @given(case=cases(semantics, dims=dims))
     def one(case):
         if len(judged) < examples:
             judged.append(judge_with_csan(observer, target, case, target_spec=target_spec, mutant=mutant))

@@ -42,8 +42,14 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     device.race_delay = 0 if barriered else case.delay_cycles
     record = RunRecord()
     began = time.perf_counter()
-    with device.observing():
-        session = target.open(case, device)
+    try:
+        with device.observing():
+            session = target.open(case, device)
+    except HarnessError:
+        raise
+    except Exception as exc:  # the target raised building its session (its own __init__s): a finding too
+        record.crash = (0, f"opening the session: {type(exc).__name__}: {exc}")
+        return _finished(record, device, schedule)
     if device.observer is not None:
         device.observer.register_session(session)
     record.setup_seconds += time.perf_counter() - began
@@ -88,6 +94,12 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         captured.update({f"pool.{name}": t.detach().clone() for name, t in session.kv_state().items()})
         record.outputs.append(captured)
         record.copy_seconds += time.perf_counter() - began
+    return _finished(record, device, schedule)
+
+
+def _finished(record: RunRecord, device, schedule: str) -> RunRecord:
+    """`record` with what the device saw of the run: the tracker's conflicts, the observer's undeclared
+    accesses, the order the streams ran in and the race delays."""
     record.conflicts = device.tracker.conflicts
     record.undeclared = list(device.observer.undeclared) if device.observer is not None else []
     record.trace = device.trace()

@@ -111,6 +111,18 @@ class _Registered:
     tensor: torch.Tensor = field(compare=False, repr=False)  # kept alive: its memory is never reused under the name
 
 
+def default_buffers(session) -> dict[str, torch.Tensor]:
+    """A session's shared state: the three tables and the KV pools (`kv_state()`), a 3-D pool per layer as
+    `name[layer]`."""
+    buffers = {name: getattr(session, name) for name in _TABLES if isinstance(getattr(session, name, None), torch.Tensor)}
+    for name, pool in session.kv_state().items():
+        if pool.dim() == 3:
+            buffers.update({f"{name}[{layer}]": pool[layer] for layer in range(pool.shape[0])})
+        else:
+            buffers[name] = pool
+    return buffers
+
+
 class Observer:
     """Records which registered buffer every op reads and writes, and feeds `tracker`.
 
@@ -161,18 +173,12 @@ class Observer:
                 del self._by_storage[entry.storage]
 
     def register_session(self, session) -> None:
-        """The protocol's shared state: the three tables and the KV pools (`kv_state()`), a 3-D pool
-        per layer as `name[layer]`, the names the declarations use."""
-        for name in _TABLES:
-            table = getattr(session, name, None)
-            if isinstance(table, torch.Tensor):
-                self.register(name, table)
-        for name, pool in session.kv_state().items():
-            if pool.dim() == 3:
-                for layer in range(pool.shape[0]):
-                    self.register(f"{name}[{layer}]", pool[layer])
-            else:
-                self.register(name, pool)
+        """The protocol's shared state, by the names the declarations use: the session's own
+        `observed_buffers()` where it has one (its KV lives in buffers other than `kv_state()`'s), else
+        `default_buffers`."""
+        buffers = session.observed_buffers() if hasattr(session, "observed_buffers") else default_buffers(session)
+        for name, tensor in buffers.items():
+            self.register(name, tensor)
 
     def register_batch(self, fb) -> None:
         """The per-batch tensors of the batch just loaded, as `fb.<field>`."""

@@ -213,12 +213,24 @@ def threshold_batch(draw, *, hisparse: bool) -> Batch:
                  graph=False, mutations=draw(mutations(hisparse=hisparse)))
 
 
-@st.composite
-def cases(draw, semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFILE_BUDGETS["ci"],
-          without: frozenset[str] = frozenset()) -> Case:
-    """A case; `large` lets some examples reach SGLang's sizes (the threshold, the bucket edges, every
+def cases(semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFILE_BUDGETS["ci"],
+          without: frozenset[str] = frozenset(), dims: tuple[tuple[str, object], ...] = ()):
+    """Cases; `large` lets some examples reach SGLang's sizes (the threshold, the bucket edges, every
     decade of tokens) within `budget` (tokens x layers x heads); `without`: switches never turned on (the
-    target's `cannot_run`)."""
+    target's `cannot_run`); `dims`: (field, value) pairs every case's `Dims` takes (the target's
+    `fixed_dims`), set after the draw, so the choices drawn, and a target's stream, stay those of the
+    default sizes."""
+    drawn = _cases(semantics, large=large, budget=budget, without=without)
+    return drawn.map(functools.partial(with_dims, dims=dims)) if dims else drawn
+
+
+def with_dims(case: Case, dims: tuple[tuple[str, object], ...]) -> Case:
+    """`case` with these `Dims` fields set (a target's fixed sizes)."""
+    return replace(case, dims=replace(case.dims, **dict(dims))) if dims else case
+
+
+@st.composite
+def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset[str]) -> Case:
     if semantics not in _SPECS:
         raise InvalidArgument(f"semantics={semantics!r} is not one of: {', '.join(_SPECS)}")
     closed = draw(st.sampled_from(closed_conditions(without)))  # first: the flags, the spec and the batches follow it
@@ -296,9 +308,11 @@ def schedules():
 SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the race gates' deadline after the event
 
 
-def seed_cases(semantics: str, without: frozenset[str] = frozenset()) -> list[Case]:
+def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
+               dims: tuple[tuple[str, object], ...] = ()) -> list[Case]:
     """The protocol's shapes (reference notes, section 6), tried before anything is drawn; `without`: leave out
-    the cases that turn one of these switches on (the target's `cannot_run`).
+    the cases that turn one of these switches on (the target's `cannot_run`); `dims`: the target's fixed sizes
+    (`cases`).
 
     Random drawing reaches each of these, but only some of the time; a campaign that must not miss a
     whole class of bug starts from one case of each shape, then explores around and beyond them.
@@ -330,4 +344,4 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset()) -> list[Ca
              flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
              spec=S.DFLASH, dims=Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,), index_align=8)),
     ]
-    return [c for c in shapes if not any(getattr(c.flags, name) for name in without)]
+    return [with_dims(c, dims) for c in shapes if not any(getattr(c.flags, name) for name in without)]

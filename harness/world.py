@@ -22,7 +22,7 @@ from functools import cached_property
 
 import torch
 
-from harness.case import Batch, Case, Dims
+from harness.case import FP8_V4_NOPE, Batch, Case, Dims
 from harness.model.pools import to_device
 
 SPARE_ROWS = 4  # pool rows no request of the batch uses: targets of "other" rewrites and of reuse
@@ -69,6 +69,24 @@ def draw_uniform(shape, seed: int, stream: int, device="cpu") -> torch.Tensor:
     """float32 values uniform on [-2, 2) in steps of 2**-21 (mean 0, variance 4/3): exact dyadic
     values, so the conversion and the scaling are exact on every device."""
     return _hashed(shape, seed, stream, device, lambda h: ((h >> 9) - (1 << 22)).float().mul_(2.0 ** -21))
+
+
+def held_by_kv_format(latents: torch.Tensor, kv_format: str) -> torch.Tensor:
+    """Latents [..., D] as the case's KV cache holds them exactly. "float32": unchanged. "fp8_v4": the 448
+    NoPE values rounded to quarters (|k / 4| <= 2: at most 4 significant bits, so whatever power-of-two
+    scale DSV4's store picks for a tile, value / scale is an e4m3 number) and the 64 RoPE values rounded to
+    bf16, so SGLang's FP8 cache returns exactly what was stored and a float64 reference of the same values
+    judges the attention, not the quantization. Both roundings give the same bits on every device."""
+    if kv_format == "float32":
+        return latents
+    nope, rope = latents[..., :FP8_V4_NOPE], latents[..., FP8_V4_NOPE:]
+    return torch.cat([torch.round(nope * 4).clamp_(-8, 8).div_(4), rope.to(torch.bfloat16).float()], dim=-1)
+
+
+def held_by_queries(q: torch.Tensor, kv_format: str) -> torch.Tensor:
+    """Queries as the attention takes them: bf16 values where the KV cache is DSV4's (its kernels take bf16
+    queries), else unchanged."""
+    return q if kv_format == "float32" else q.to(torch.bfloat16).float()
 
 
 def draw_integers(shape, low: int, high: int, seed: int, stream: int, device="cpu") -> torch.Tensor:
@@ -138,11 +156,13 @@ class BatchWorld:
         return self.q.device
 
     def block_means(self, r: int, layer: int, ratio: int) -> torch.Tensor:
-        """Compressed entries [seq_len // ratio, D]: a block's mean latent (the compressor is not modelled)."""
+        """Compressed entries [seq_len // ratio, D]: a block's mean latent (the compressor is not modelled), as
+        the case's KV cache holds it (`held_by_kv_format`)."""
         key = ("block_means", r, layer, ratio)
         if key not in self.derived:
             n = self.batch.requests[r].seq_len // ratio
-            self.derived[key] = self.latents[r][layer, : n * ratio].reshape(n, ratio, self.dims.head_dim).mean(dim=1)
+            means = self.latents[r][layer, : n * ratio].reshape(n, ratio, self.dims.head_dim).mean(dim=1)
+            self.derived[key] = held_by_kv_format(means, self.dims.kv_format)
         return self.derived[key]
 
 
@@ -173,8 +193,8 @@ def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> Batch
 
     layers = len(dims.layer_ratios)
     # One stream number per tensor: 0 queries, 1 indexer queries, 2 sinks, then two per request.
-    latents = [draw_uniform((layers, req.seq_len, dims.head_dim), seed, 3 + 2 * r, device)
-               for r, req in enumerate(batch.requests)]
+    latents = [held_by_kv_format(draw_uniform((layers, req.seq_len, dims.head_dim), seed, 3 + 2 * r, device),
+                                 dims.kv_format) for r, req in enumerate(batch.requests)]
     index_keys = [draw_integers((req.seq_len // 4, dims.index_dim), -4, 5, seed, 4 + 2 * r, device)
                   for r, req in enumerate(batch.requests)]
     t = batch.num_tokens
@@ -190,7 +210,7 @@ def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> Batch
         spare_swa=swa_free,
         latents=latents,
         index_keys=index_keys,
-        q=draw_uniform((layers, t, dims.heads, dims.head_dim), seed, 0, device),
+        q=held_by_queries(draw_uniform((layers, t, dims.heads, dims.head_dim), seed, 0, device), dims.kv_format),
         q_index=draw_integers((t, dims.index_dim), -4, 5, seed, 1, device),
         sink=draw_uniform((layers, dims.heads), seed, 2, device),
         seed=seed,

@@ -50,3 +50,7 @@ def test_impossible_geometry():
         Case(batches=(Batch(mode=ForwardMode.IDLE, requests=(Request(0, 1),)),)).validate()
     with pytest.raises(InvalidArgument, match="dims.page_size"):
         Case(dims=Dims(page_size=0)).validate()
+    with pytest.raises(InvalidArgument, match="dims.kv_format='bf16' is not one of: float32, fp8_v4"):
+        Case(dims=Dims(kv_format="bf16")).validate()
+    with pytest.raises(InvalidArgument, match="'fp8_v4' needs head_dim 512"):
+        Case(dims=Dims(kv_format="fp8_v4")).validate()

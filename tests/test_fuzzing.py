@@ -7,6 +7,7 @@ import importlib
 import json
 import subprocess
 import sys
+from types import MappingProxyType
 
 from hypothesis import HealthCheck, given, settings
 
@@ -14,7 +15,8 @@ from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants import kill_table
 from harness.mutants.corpus import mutant_target
-from harness.strategies import CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases
+from harness.strategies import (CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases,
+                                with_dims)
 from harness.targets import ReferenceTarget
 
 
@@ -166,3 +168,50 @@ def test_a_campaign_never_runs_a_case_its_target_cannot_run():
     assert result.cases == 40 and not result.findings
     assert target.opened and not any(target.opened)
     assert any(c.flags.cp_active for c in seed_cases("pr"))  # the plain target's campaign would have run one
+
+
+DSV4_SIZES = (("head_dim", 512), ("index_topk", 512), ("kv_format", "fp8_v4"), ("page_size", 256))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=cases(dims=DSV4_SIZES))
+def test_a_target_s_fixed_sizes_are_every_drawn_case_s(case):
+    assert (case.dims.head_dim, case.dims.index_topk, case.dims.kv_format, case.dims.page_size) == (512, 512, "fp8_v4",
+                                                                                                    256)
+    case.validate()
+
+
+def test_fixed_sizes_change_no_other_choice_of_the_stream():
+    """The sizes are set after the draw: a target with fixed sizes draws the same cases otherwise (seeds too)."""
+    def drawn(dims) -> list:
+        seen = []
+
+        @settings(max_examples=15, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+        @given(case=cases(dims=dims))
+        def collect(case):
+            seen.append(case)
+        collect()
+        return seen
+
+    assert [with_dims(c, DSV4_SIZES) for c in drawn(())] == drawn(DSV4_SIZES)
+    assert [with_dims(c, DSV4_SIZES) for c in seed_cases("0.5.23")] == seed_cases("0.5.23", dims=DSV4_SIZES)
+
+
+class _SizedTarget(ReferenceTarget):
+    fixed_dims = MappingProxyType(dict(DSV4_SIZES))
+
+    def __init__(self):
+        super().__init__()
+        self.opened = []
+
+    def open(self, case, device):
+        self.opened.append(case.dims)
+        return super().open(case, device)
+
+
+def test_a_campaign_runs_every_case_at_its_target_s_fixed_sizes():
+    """The reference model at DSV4's sizes, its data exact in the FP8 cache: clean, and every case at those sizes."""
+    target = _SizedTarget()
+    result = run_campaign(target, examples=12, seed=5)
+    assert result.cases == 12 and not result.findings, [f.message for f in result.findings]
+    assert {(d.head_dim, d.index_topk, d.kv_format, d.page_size) for d in target.opened} == {(512, 512, "fp8_v4", 256)}

@@ -232,6 +232,25 @@ def test_registration_by_memory(streams):
     assert len(streams.hb.conflicts) == 0  # layer 0's old memory is no longer named
 
 
+def test_a_session_s_buffers_default_to_its_tables_and_kv_pools_per_layer_or_are_its_own(streams):
+    """`register_session`: the tables and `kv_state()` (a 3-D pool as `name[layer]`) by default; a session whose
+    KV lives elsewhere names its buffers itself (`observed_buffers`), and only those are watched."""
+    session = ReferenceTarget().open(Case(), SimDevice())
+    streams.observer.register_session(session)
+    layers = len(Case().dims.layer_ratios)
+    want = {"req_to_token", "full_to_swa", "full_to_hisparse", "indexer_k",
+            *(f"{pool}[{layer}]" for pool in ("swa_kv", "extra_kv") for layer in range(layers))}
+    assert set(streams.observer._by_name) == want
+    own = torch.zeros(4, 8, dtype=torch.uint8)
+    session.observed_buffers = lambda: {"req_to_token": session.req_to_token, "swa_kv[0]": own}
+    watcher = Streams()
+    watcher.observer.register_session(session)
+    assert set(watcher.observer._by_name) == {"req_to_token", "swa_kv[0]"}
+    watcher.on(F, lambda: own[1].fill_(3))
+    watcher.on(S, lambda: session.token_to_kv_pool.swa_kv[0].fill_(1))  # no longer a watched buffer
+    assert set(watcher.hb._live) == {"swa_kv[0]"}
+
+
 def test_the_frame_prefers_sglang(monkeypatch):
     code = compile("def run(f):\n    return f()\n", os.path.join("site-packages", "sglang", "srt", "fake.py"), "exec")
     scope: dict = {}

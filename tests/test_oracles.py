@@ -144,3 +144,38 @@ def test_the_reference_oracles_difference_names_the_first_differing_entry():
                                       f"{[-1] * 16} (shapes (12, 128) / (8, 128))")
     model[3, 5] = 7
     assert describe_difference(real, model).startswith("first at [3, 5]: sglang -1 vs reference 7; that row: sglang [-1,")
+
+
+def test_float64_allows_a_bf16_output_its_rounding_and_nothing_more():
+    """A bf16 attention (what SGLang's DSV4 kernels return) passes with its own rounding (2^-7 of the value
+    beyond FLOAT64_ATOL); an error above that is a mismatch naming the tolerance; float32 gets FLOAT64_ATOL only."""
+    from harness.engine import execute
+    from harness.oracles.float64 import float64_oracle
+
+    run = execute(ReferenceTarget(), PLAIN, "cpu", barriered=True)
+    exact = run.outputs[0]["attention"]
+    assert float64_oracle(PLAIN, run) == []
+    run.outputs[0]["attention"] = exact.to(torch.bfloat16)  # rounded: about 2^-8 of the value off
+    assert float64_oracle(PLAIN, run) == []
+    assert (exact.to(torch.bfloat16).double() - exact.double()).abs().max() > 1e-4  # more than float32 may be off
+    run.outputs[0]["attention"] = exact + 3e-4 * exact.abs().max()  # float32: beyond FLOAT64_ATOL
+    [finding] = float64_oracle(PLAIN, run)
+    assert finding.details["tolerance"] == "0.0001"
+    off = exact.clone()
+    off[0, 1, 0, :4] *= 1.05  # bf16-sized values, 5% off in one row
+    run.outputs[0]["attention"] = off.to(torch.bfloat16)
+    [finding] = float64_oracle(PLAIN, run)
+    assert "x |reference|" in finding.details["tolerance"] and finding.details["token_row"] == 1
+
+
+def test_a_target_that_raises_opening_its_session_is_a_finding():
+    """A target's own constructor failing (0.5.23's backend runs its __init__: a deleted assignment there raises)
+    is the target's finding, with the case's replay, never a harness traceback."""
+
+    class Unbuildable(Target):
+        def open(self, case, device):
+            raise AttributeError("'DeepseekV4AttnBackend' object has no attribute 'token_to_kv_pool'")
+
+    result = run_case(Unbuildable(), PLAIN, "cpu")
+    assert [(f.oracle, f.kind) for f in result.findings] == [("execution", "target-raised")]
+    assert "opening the session: AttributeError" in result.findings[0].message and result.replay

@@ -22,12 +22,14 @@ from importlib.metadata import version as dist_version  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from harness.campaign import run_campaign  # noqa: E402
-from harness.case import Batch, Case, Flags, Mutation, Request  # noqa: E402
+from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
 from harness.device import make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.sglang_target._api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
+from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets.protocol import Publish  # noqa: E402
 
@@ -36,6 +38,9 @@ INSTALLED = dist_version("sglang")
 # the policy oracle reports (BENCHMARKS.md, "Races found in released SGLang"); the clean checks leave them off.
 LATER_GATES = frozenset({"hierarchical_cache", "hicache_storage", "lmcache", "hisparse"})
 REWRITE = Mutation("req_to_token_rewrite", count=2)
+# The sizes the release's cases run at: DSV4's where its backend runs for real (0.5.23), any before.
+FIXED_DIMS = tuple(fixed_dims(load_api()).items())
+DIMS = Dims(**dict(FIXED_DIMS))
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +53,7 @@ def target():
 def _case(target, *batches, contract="fresh", **flags) -> Case:
     """A case of the installed release's semantics, with a spec that publishes in it."""
     spec = SpeculativeAlgorithm.DFLASH if target.semantics == "pr" else SpeculativeAlgorithm.NONE
-    return Case(semantics=target.semantics, spec=spec, graph_contract=contract, batches=batches,
+    return Case(semantics=target.semantics, spec=spec, graph_contract=contract, batches=batches, dims=DIMS,
                 flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, **flags))
 
 
@@ -94,7 +99,8 @@ def _eager_extend(case: Case) -> Case:
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(data=cases(RELEASED[INSTALLED].semantics, large=False, without=LATER_GATES | {"cp_active"}).map(_eager_extend))
+@given(data=cases(RELEASED[INSTALLED].semantics, large=False, without=LATER_GATES | {"cp_active"},
+                  dims=FIXED_DIMS).map(_eager_extend))
 def test_the_release_and_the_reference_model_agree_field_by_field(target, harness_device, data):
     from harness.sglang_target import differential_against_reference
 

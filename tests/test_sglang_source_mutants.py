@@ -1,7 +1,7 @@
 """The real-source mutant table (`benchmarks/sglang_source_mutants.py`) against the installed sglang:
 every edit still applies to exactly one place, and a few of them (the snapshot step deleted from the real
-backend, the scheduler's barrier turned off or moved, a metadata field re-bound) are found by campaigns
-on the mutated copy.
+backend, the scheduler's barrier turned off or moved, a metadata field re-bound, the real forward's chunk cache
+rebuilt in every layer) are found by campaigns on the mutated copy.
 
 Needs sglang 0.5.23 and its CPU import deps; skipped without them.
 """
@@ -41,9 +41,10 @@ def test_each_edit_applies_to_one_place_in_the_installed_source(mutant):
 
 
 # The issue's own example, and one regression of each kind of code the target drives for real: the
-# scheduler's barrier (its enabling and its place in the loop) and the metadata's field lists.
+# scheduler's barrier (its enabling and its place in the loop), the metadata's field lists, and the backend's
+# own forward (issue 27: the chunk cache rebuilt lazily in every layer, after read-done).
 FOUND_IN_CI = ("snapshot_step_deleted", "barrier_enabled_on_hip_only", "barrier_before_launch",
-               "copy_assigns_c4_out_loc")
+               "copy_assigns_c4_out_loc", "prefill_sparse_always_lazy")
 
 
 def test_regressions_put_back_into_the_real_source_are_found_in_campaigns_on_the_mutated_copy(tmp_path):

@@ -8,6 +8,7 @@ interpreted; cuda: compiled), so the kernels' mode is chosen before anything imp
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from types import SimpleNamespace
 
 from harness.sglang_target._api import prepare_triton
@@ -19,15 +20,22 @@ import pytest  # noqa: E402
 pytest.importorskip("sglang", reason="the sglang package is not installed: --target sglang needs "
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
 
+import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from harness.case import Batch, Case, Flags, Mutation, Request  # noqa: E402
+from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
 from harness.device import SimDevice, make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.sglang_target._api import load_api  # noqa: E402
+from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets.protocol import Forward, LazyBuild, Publish, Snapshot  # noqa: E402
+
+# The sizes the installed release's cases run at (0.5.23's backend asserts DSV4's page, head_dim and top-k).
+FIXED_DIMS = tuple(fixed_dims(load_api()).items())
+DIMS = dataclasses.replace(Dims(), **dict(FIXED_DIMS))
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +55,14 @@ def notes(result, kind):
 
 REWRITE = Mutation("req_to_token_rewrite")
 FIXED = {
-    "extend-sparse": Case(batches=(Batch(requests=(Request(3, 5), Request(0, 6)),
+    "extend-sparse": Case(dims=DIMS, batches=(Batch(requests=(Request(3, 5), Request(0, 6)),
                                          mutations=(REWRITE, Mutation("swa_clear", count=3))),)),
-    "extend-dense": Case(flags=Flags(SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
+    "extend-dense": Case(dims=DIMS, flags=Flags(SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
                          batches=(Batch(requests=(Request(9, 4),), mutations=(Mutation("swa_repoint", count=2),)),)),
-    "dflash": Case(spec=SpeculativeAlgorithm.DFLASH,
+    "dflash": Case(dims=DIMS, spec=SpeculativeAlgorithm.DFLASH,
                    batches=(Batch(requests=(Request(10, 7),), mutations=(Mutation("kv_realloc", count=2),)),)),
-    "graph-fresh": Case(batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
-    "graph-bcg": Case(graph_contract="bcg",
+    "graph-fresh": Case(dims=DIMS, batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
+    "graph-bcg": Case(dims=DIMS, graph_contract="bcg",
                       batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
 }
 
@@ -65,19 +73,31 @@ def test_reports_the_installed_version_and_semantics(target):
     assert target.semantics_supported == ("0.5.23",) and target.name == "sglang-0.5.23"
 
 
+def test_the_summary_lists_what_the_real_forward_runs_on_stood_in(target, harness_device):
+    """Where an eager batch runs SGLang's forward (0.5.23, the CPU), the compiled code it reaches is stood in by
+    an implementation of its contract, and the summary says so, each with where it is implemented."""
+    rows = {row["module"]: row["reason"] for row in target.stand_ins}
+    if harness_device != "cpu":
+        assert not any(name.startswith("flash_mla") for name in rows)
+        return
+    assert "harness/sglang_target/flash_mla.py" in rows["flash_mla"]
+    assert "jit_kernels.py" in rows["sglang.kernels.ops.attention.dsv4.attn._jit_fused_store_module"]
+    assert "jit_kernels.py" in rows["sglang.kernels.ops.attention.dsv4.compress._jit_compress_plan_module"]
+
+
 def test_kernels_run_on_the_device_and_the_other_device_is_refused(target, harness_device):
     """One process defines SGLang's Triton kernels for one device kind; a session on the other is an
     environment error that names the TRITON_INTERPRET setting, not a Triton failure deep in a kernel."""
-    from harness.sglang_target._api import RetiledCombineKernel
+    from harness.sglang_target._api import RetiledKernel
 
     api = target.api
     assert api.kernels_on == harness_device, api.describe()
     api.check_device(harness_device)
-    retiled = isinstance(api.mods["kernels"]._combine_topk_swa_indices_kernel, RetiledCombineKernel)
+    retiled = isinstance(api.mods["kernels"]._combine_topk_swa_indices_kernel, RetiledKernel)
     assert retiled == (harness_device == "cpu")  # the wide interpreter tile never replaces SGLang's GPU launch
     other = SimpleNamespace(kind="cuda") if harness_device == "cpu" else SimDevice()
     with pytest.raises(EnvironmentBroken, match="TRITON_INTERPRET") as info:
-        target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), other)
+        target.open(Case(dims=DIMS, batches=(Batch(requests=(Request(3, 5),)),)), other)
     assert info.value.exit_code == 3
 
 
@@ -95,7 +115,7 @@ def test_fixed_cases_run_clean_and_publish(target, name, harness_device):
 
 
 def test_eagle_resolves_pre_replay_but_never_publishes(target, harness_device):
-    case = Case(spec=SpeculativeAlgorithm.EAGLE,
+    case = Case(dims=DIMS, spec=SpeculativeAlgorithm.EAGLE,
                 batches=(Batch(requests=(Request(10, 7),), mutations=(REWRITE,)),))
     result = run_case(target, case, harness_device, target_spec="sglang")
     assert result.findings == [], [f.message for f in result.findings]
@@ -110,7 +130,7 @@ def _eager_extend(case: Case) -> Case:
 
 @settings(max_examples=20, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
-@given(case=cases(large=False).map(_eager_extend))
+@given(case=cases(large=False, dims=FIXED_DIMS).map(_eager_extend))
 def test_differential_against_reference_finds_no_difference(target, harness_device, case):
     from harness.sglang_target import differential_against_reference
 
@@ -125,14 +145,14 @@ def test_differential_names_the_fields_that_differ(target, harness_device):
     from harness.mutants.corpus import mutant_target
     from harness.sglang_target import differential_against_reference
 
-    mixed = Case(batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(2, 5), Request(9, 1))),))
+    mixed = Case(dims=DIMS, batches=(Batch(mode=ForwardMode.MIXED, requests=(Request(2, 5), Request(9, 1))),))
     assert differential_against_reference(mixed, target=target, device=harness_device) == []
-    plain = Case(batches=(Batch(requests=(Request(2, 5), Request(9, 1))),))
+    plain = Case(dims=DIMS, batches=(Batch(requests=(Request(2, 5), Request(9, 1))),))
     assert differential_against_reference(plain, target=target, reference=mutant_target("fast_path_lost"),
                                           device=harness_device) == ["publish"]
 
 
-SPARSE_WITH_REWRITE = Case(batches=(Batch(requests=(Request(6, 5), Request(0, 4)),
+SPARSE_WITH_REWRITE = Case(dims=DIMS, batches=(Batch(requests=(Request(6, 5), Request(0, 4)),
                                           mutations=(Mutation("req_to_token_rewrite", count=2),)),))
 
 
@@ -167,11 +187,70 @@ def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, harne
     assert "token_to_kv_pool" in result.findings[0].message and "--target sglang" in result.replay
 
 
-def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
-    """Large batches launch the real combine kernel with a wider tile; the indices must not change."""
-    import torch
+def _counting(monkeypatch, owner, names) -> dict:
+    """Each of `owner`'s methods `names` called through, counted."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(owner, name)
 
-    from harness.sglang_target._api import RetiledCombineKernel
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["extend-sparse", "extend-dense", "graph-fresh"])
+def test_an_eager_extend_batch_runs_sglangs_own_backend(target, harness_device, name, monkeypatch):
+    """On the CPU an eager EXTEND batch goes through the backend SGLang's own `__init__` built, its metadata init
+    and its per-layer forward (sparse or dense, as the case's switch says); a graph replay does not (phase 2:
+    the harness's metadata and layers); neither on CUDA yet."""
+    backend_cls = target.api.backend_cls
+    calls = _counting(monkeypatch, backend_cls, ("__init__", "init_forward_metadata", "forward",
+                                                 "_forward_prefill_sparse"))
+    result = run_case(target, FIXED[name], harness_device, target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+    layers, runs = len(DIMS.layer_ratios), 3  # overlapped, barriered, and the reference oracle's run
+    real = harness_device == "cpu" and name != "graph-fresh"
+    assert calls["__init__"] == runs * (harness_device == "cpu")
+    assert calls["init_forward_metadata"] == (runs if real else 0)
+    assert calls["forward"] == (runs * layers if real else 0)
+    assert calls["_forward_prefill_sparse"] == (runs * layers if real and name == "extend-sparse" else 0)
+
+
+def test_a_read_the_real_forward_was_not_meant_to_make_is_an_undeclared_access(target, harness_device, monkeypatch):
+    """SGLang's forward broken in its own code: every layer's store translates its write locations through the live
+    Full-to-SWA mapping. No declaration names that read; the observer sees it, names SGLang's line, and the tracker
+    judges it against the scheduler's rewrite of the mapping after the event."""
+    if harness_device != "cpu":
+        pytest.skip("the real forward runs on the CPU simulator only (phase 1)")
+    backend_cls = target.api.backend_cls
+
+    def live(self, forward_batch):
+        return self.token_to_kv_pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc).to(torch.int32)
+
+    monkeypatch.setattr(backend_cls, "get_swa_out_cache_loc", live)
+    case = Case(dims=DIMS, batches=(Batch(requests=(Request(6, 5), Request(0, 4)),
+                                          mutations=(Mutation("swa_clear", count=4),)),))
+    result = run_case(target, case, harness_device, target_spec="sglang", oracles=frozenset({"happens-before"}))
+    undeclared = [f for f in result.findings if f.kind == "undeclared-access"]
+    assert undeclared and "'full_to_swa'" in undeclared[0].message, [f.message for f in result.findings]
+    assert "DeepseekV4AttnBackend.forward" in undeclared[0].message
+
+
+def test_a_case_at_other_sizes_is_refused(target, harness_device):
+    """0.5.23's backend asserts DSV4's page size, head_dim and top-k: a case at other sizes is refused, naming them."""
+    if not FIXED_DIMS:
+        pytest.skip("this release's backend takes any sizes")
+    small = Case(batches=(Batch(requests=(Request(3, 5),)),))
+    with pytest.raises(InvalidArgument, match="page_size=256"):
+        target.open(small, make_device(harness_device))
+
+
+def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
+    """Large batches launch the real combine kernel (and the V4 dequantizer) with a wider tile; the outputs must
+    not change."""
+    from harness.sglang_target._api import RetiledKernel
 
     if target.api.kernels_on != "cpu":
         pytest.skip("the retiled launch is the interpreter's; compiled kernels keep SGLang's launch")
@@ -186,17 +265,34 @@ def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
                 gather_lens=torch.minimum(seq, torch.tensor(lens, dtype=torch.int32) + 7),
                 compressed_base=torch.tensor([0, 10, 20], dtype=torch.int32),
                 swa_base=torch.tensor([30, 50, 60], dtype=torch.int32), window_size=8, compress_ratio=4, topk=4)
-    assert isinstance(target.api.mods["kernels"]._combine_topk_swa_indices_kernel, RetiledCombineKernel)
-    monkeypatch.setattr(RetiledCombineKernel, "ABOVE", 8)
+    assert isinstance(target.api.mods["kernels"]._combine_topk_swa_indices_kernel, RetiledKernel)
+    monkeypatch.setattr(RetiledKernel, "ABOVE", 8)
     retiled = combine(**args)
-    monkeypatch.setattr(RetiledCombineKernel, "ABOVE", 1 << 30)
+    monkeypatch.setattr(RetiledKernel, "ABOVE", 1 << 30)
     original = combine(**args)
     assert torch.equal(retiled[0], original[0]) and torch.equal(retiled[1], original[1])
+    if not target.api.generation.real_backend:
+        return
+    # the V4 cache's dequantizer, which the real forward runs over the SWA and compressed caches
+    from harness.sglang_target._api import DEQUANT
+    from harness.sglang_target.jit_kernels import fused_store_flashmla_v4, v4_page_bytes
+
+    dequant = importlib.import_module(DEQUANT)
+    assert isinstance(dequant._dequantize_k_cache_paged_kernel, RetiledKernel)
+    cache = torch.zeros(2, v4_page_bytes(16), dtype=torch.uint8)
+    values = torch.randn(30, 512, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    fused_store_flashmla_v4(values, cache, torch.arange(30), 16)
+    tokens = torch.randperm(32, generator=torch.Generator().manual_seed(2))[:21]
+    monkeypatch.setattr(RetiledKernel, "ABOVE", 8)
+    retiled = dequant.dequantize_k_cache_paged_dsv4(cache, tokens, page_size=16)
+    monkeypatch.setattr(RetiledKernel, "ABOVE", 1 << 30)
+    assert torch.equal(retiled.view(torch.int16),
+                       dequant.dequantize_k_cache_paged_dsv4(cache, tokens, page_size=16).view(torch.int16))
 
 
 def test_a_case_of_other_semantics_is_refused(target, harness_device):
     with pytest.raises(InvalidArgument, match="semantics"):
-        target.open(Case(semantics="pr", spec=SpeculativeAlgorithm.DFLASH), make_device(harness_device))
+        target.open(Case(dims=DIMS, semantics="pr", spec=SpeculativeAlgorithm.DFLASH), make_device(harness_device))
 
 
 def test_a_missing_sglang_name_is_an_environment_error(target, monkeypatch):
@@ -249,7 +345,7 @@ def test_interface_contract_on_the_real_backend_names_the_reading_line(target, h
     `token_to_kv_pool` (the CI break after #35947) the report names the attribute and sglang's line."""
     from harness.triage.objects import check_object
 
-    session = target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
+    session = target.open(Case(dims=DIMS, batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
     backend = session.model_runner.attn_backend
     entry = ("resolve_prefill_shared_read_ends", "shared_read_ends")
     assert [b.attribute for b in check_object(backend, entry)] == []
@@ -295,7 +391,8 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
                             mods["publisher"].maybe_publish_prefill_shared_read_done)
     replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
     eager = Batch(requests=(Request(3, 5),), mutations=(REWRITE,))
-    for case in (Case(batches=(eager, replay, replay)), Case(graph_contract="bcg", batches=(replay, replay))):
+    for case in (Case(dims=DIMS, batches=(eager, replay, replay)),
+                 Case(dims=DIMS, graph_contract="bcg", batches=(replay, replay))):
         result = run_case(target, case, harness_device, target_spec="sglang")
         assert result.findings == [], [f.message for f in result.findings]
     assert set(calls) == {f"{o.__name__}.{n}" if isinstance(o, type) else n for o, n in entries}, calls
@@ -314,11 +411,8 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
 
 def test_the_pool_stand_in_translates_as_sglangs_pool_does(target, harness_device):
     """`PoolShim.translate_loc_from_full_to_swa` (a launched read of the live mapping) against the real
-    `DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa` on the same mapping."""
-    import importlib
-
-    import torch
-
+    `DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa` on the same mapping (the PR-era releases' backend
+    reads the harness's pool through it)."""
     from harness.sglang_target.session import PoolShim
 
     real_pool_cls = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool").DeepSeekV4TokenToKVPool

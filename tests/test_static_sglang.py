@@ -29,6 +29,7 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: the s
 
 from harness.case import Batch, Case, Request
 from harness.device import make_device
+from harness.strategies import with_dims
 from harness.triage.source import check_class, check_classes
 from harness.triage.static import triage_classes
 
@@ -45,7 +46,9 @@ def api():
 def test_the_real_backend_metadata_and_runners_are_quiet(api, harness_device):
     from harness.sglang_target import SglangTarget
 
-    session = SglangTarget().open(Case(batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
+    target = SglangTarget()
+    case = with_dims(Case(batches=(Batch(requests=(Request(3, 5),)),)), tuple(target.fixed_dims.items()))
+    session = target.open(case, make_device(harness_device))
     classes = triage_classes(session)
     names = {c.__name__ for c in classes}
     assert {"DeepseekV4AttnBackend", "DSV4Metadata", "DSV4AttnMetadata", "SparsePrefillChunkCache",

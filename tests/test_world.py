@@ -8,6 +8,8 @@ another device fails there as it would on CUDA.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -83,6 +85,23 @@ def test_a_reference_asked_for_an_unknown_key_layout_says_which_there_are():
     world = build_world(WIDE, 0, PoolSizes.for_case(WIDE))
     with pytest.raises(ValueError, match="gathered or masked"):
         reference_attention(world, 0, keys="dense")
+
+
+def test_an_fp8_v4_world_holds_what_dsv4_s_cache_and_bf16_hold_exactly():
+    """NoPE latents are quarters in [-2, 2] (at most 4 significant bits: exact in e4m3 under any power-of-two
+    tile scale), RoPE latents and queries bf16 values, block means the same; the float32 format is untouched."""
+    dims = Dims(heads=2, head_dim=512, swa_window=8, index_topk=512, page_size=256, kv_format="fp8_v4")
+    case = Case(dims=dims, batches=(Batch(requests=(Request(130, 9), Request(3, 6))),))
+    world = build_world(case, 0, PoolSizes.for_case(case))
+    for latents in [*world.latents, world.block_means(0, 1, 4), world.block_means(0, 2, 128)]:
+        nope, rope = latents[..., :448], latents[..., 448:]
+        assert torch.equal(nope * 4, torch.round(nope * 4)) and nope.abs().max() <= 2
+        assert torch.equal(rope, rope.to(torch.bfloat16).float())
+    assert torch.equal(world.q, world.q.to(torch.bfloat16).float())
+    plain = build_world(dataclasses.replace(case, dims=dataclasses.replace(dims, kv_format="float32")), 0,
+                        PoolSizes.for_case(case))
+    assert not torch.equal(plain.q, plain.q.to(torch.bfloat16).float())  # the default keeps its fine values
+    assert torch.equal(world.q, plain.q.to(torch.bfloat16).float())  # the same draw, rounded
 
 
 def test_a_case_s_worlds_are_drawn_once_for_both_runs_and_never_written():

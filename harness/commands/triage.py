@@ -12,6 +12,7 @@ from harness.commands.options import add_common_options, check_semantics
 from harness.device import make_device, resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names, parse_oracles
+from harness.strategies import with_dims
 from harness.targets import load_target
 from harness.triage.objects import ENTRY_POINTS, check_object, reads_on_every_call
 from harness.triage.source import check_classes, static_section
@@ -49,7 +50,9 @@ def run(args) -> int:
     target = load_target(args.target, mutant=args.mutant)
     semantics = (target.semantics_supported[0] if args.semantics == "auto"
                  else check_semantics(args.semantics))
-    session = target.open(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)), make_device(device))
+    case = with_dims(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)),
+                     tuple(getattr(target, "fixed_dims", {}).items()))  # at the sizes the target runs
+    session = target.open(case, make_device(device))
     backend = getattr(getattr(session, "model_runner", None), "attn_backend", None)
     if backend is None:
         raise InvalidArgument(f"triage --target {args.target}: its session has no model_runner.attn_backend, the "

@@ -16,6 +16,19 @@ from harness.kernels.torch_attention import sparse_attention  # also harness.mod
 from harness.model.pools import to_device
 
 
+# The relative error an attention output carries from its own dtype, beyond a comparison's absolute tolerance:
+# none for float32 (the harness's kernels); for bf16, what SGLang's DSV4 kernels return, two half-ulps (2^-7 of
+# the value: the rounding of the output, and room for a kernel that rounds its probabilities to bf16 first).
+OUTPUT_RTOL = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -7}
+
+
+def output_rtol(dtype: torch.dtype) -> float:
+    """`OUTPUT_RTOL` of an attention output's dtype; a dtype not listed has no agreed tolerance."""
+    if dtype not in OUTPUT_RTOL:
+        raise ValueError(f"an attention output of dtype {dtype}: the oracles compare float32 or bfloat16 only")
+    return OUTPUT_RTOL[dtype]
+
+
 def sparse_attention_on(device: torch.device):
     """The sparse attention the model runs: the Triton kernel on CUDA when Triton is there (it is
     deterministic, so the bit-exact oracle holds), the torch implementation elsewhere."""

@@ -265,7 +265,7 @@ class ModelRunner:
         core = self.attn_backend.forward_metadata.core_attn_metadata
         pool = self.token_to_kv_pool
         if spec.is_dflash_family():
-            loc = core.swa_out_cache_loc[: fb.num_tokens]
+            loc = core.swa_out_cache_loc[: fb.num_tokens].long()  # SGLang's metadata keeps it int32
             dev.launch("draft_kv_inject", lambda: self.draft_kv.index_copy_(0, loc, fb.kv_new[0]),
                        reads={"meta.swa_out_cache_loc": None}, writes={"draft_kv": None})
             return {"draft_kv": self.draft_kv}

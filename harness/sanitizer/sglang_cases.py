@@ -43,6 +43,7 @@ from harness.errors import EnvironmentBroken
 from harness.sglang_target._api import KERNELS as KERNEL_MODULE
 from harness.sglang_target._api import TRITON_KERNELS as SGLANG_KERNELS
 from harness.sglang_target._api import prepare_triton
+from harness.strategies import with_dims
 from harness.targets import load_target
 
 # name -> (tool, finding kind, kernel, (old, new)): one textual edit of SGLang's kernel file.
@@ -253,8 +254,9 @@ def run_prefill(*, graph: bool, device: str = "cuda") -> list[str]:
     target = load_target("sglang")
     module = kernel_module()
     requests = (Request(12, 6), Request(0, 9), Request(140, 3))
-    case = Case(batches=(Batch(requests=requests, graph=graph, mutations=(Mutation("swa_clear", count=2),)),
-                         Batch(requests=(Request(30, 5),), graph=graph)))
+    case = with_dims(Case(batches=(Batch(requests=requests, graph=graph, mutations=(Mutation("swa_clear", count=2),)),
+                                   Batch(requests=(Request(30, 5),), graph=graph))),
+                     tuple(target.fixed_dims.items()))  # at the sizes the installed release asserts
     with launched_kernels(module) as seen:
         result = run_case(target, case, device, target_spec="sglang")
     if result.findings:

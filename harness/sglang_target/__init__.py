@@ -30,6 +30,7 @@ from harness.case import Case
 from harness.sglang_target import differential
 from harness.sglang_target._api import SglangApi, load_api
 from harness.sglang_target.classes import sglang_classes
+from harness.sglang_target.real_backend import fixed_dims, stand_in_rows
 from harness.sglang_target.session import SglangSession
 from harness.targets.protocol import Target
 from harness.triage.source import check_classes
@@ -48,7 +49,11 @@ class SglangTarget(Target):
         # Before 0.5.23 the eager runner shards a CP batch across ranks and all-gathers the result
         # (`_execute_extend_cp`): one process cannot run it; 0.5.23's DSV4 owns the CP layout in its model.
         self.cannot_run = frozenset() if self.api.generation.runs_cp else frozenset({"cp_active"})
+        # Where the release's backend runs for real, it asserts DSV4's page size, head_dim and top-k.
+        self.fixed_dims = fixed_dims(self.api)
         self.stand_ins = self.api.stand_ins.describe()  # compiled extensions that could not load, stood in
+        if self.api.generation.real_backend and self.api.kernels_on == "cpu":  # where the real forward runs
+            self.stand_ins += stand_in_rows(self.api)
         self._contract_breaks: list[str] | None = None
 
     def open(self, case: Case, device):
@@ -56,8 +61,8 @@ class SglangTarget(Target):
 
     def contract_breaks(self) -> list[str]:
         """The `contract` oracle's question, asked once: attributes the real source reads but never assigns.
-        The session builds the backend without its `__init__` (as SGLang's unit tests do), so a deleted
-        assignment there changes no run; only the source shows it."""
+        A PR-era release's backend is built without its `__init__` (as SGLang's unit tests do), so a deleted
+        assignment there changes no run; only the source shows it (0.5.23's runs its `__init__`)."""
         if self._contract_breaks is None:
             self._contract_breaks = [str(b) for r in check_classes(sglang_classes()[0]) for b in r.breaks]
         return self._contract_breaks

@@ -43,6 +43,7 @@ from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_
                                                SPARSE_UTILS, SPEC, TC_BACKEND, Generation, recognise)
 
 TRITON_KERNELS = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")  # SGLang's own, in KERNELS
+DEQUANT = "sglang.kernels.ops.attention.dsv4.dequant_k_cache"  # the V4 cache's Triton dequantizer (0.5.23)
 PUBLISHER = "sglang.srt.model_executor.runner_utils.shared_read_event"
 ENVIRON = "sglang.srt.environ"
 RUNTIME = "sglang.srt.runtime_context"
@@ -342,7 +343,7 @@ def load_api() -> SglangApi:
                                 f"does not take {want!r} second, as the {generation.name} generation needs")
     kernels_on = _check_kernels(mods["kernels"], version)
     if kernels_on == "cpu":
-        _tune_interpreter(mods["kernels"], mods["swa_kernels"])
+        _tune_interpreter(mods["kernels"], mods["swa_kernels"], generation)
     return SglangApi(version=version, generation=generation, kernels_on=kernels_on, mods=mods, stand_ins=stand_ins)
 
 
@@ -352,7 +353,7 @@ def _check_kernels(kernels, version: str) -> str:
     from triton.runtime.jit import JITFunction
 
     def unwrap(kernel):  # through our retiling wrapper and triton's autotuner / heuristics wrappers
-        if isinstance(kernel, RetiledCombineKernel):
+        if isinstance(kernel, RetiledKernel):
             kernel = kernel.kernel
         while not isinstance(kernel, (JITFunction, InterpretedFunction)) and hasattr(kernel, "fn"):
             kernel = kernel.fn
@@ -365,7 +366,7 @@ def _check_kernels(kernels, version: str) -> str:
     return "cpu" if interpreted[TRITON_KERNELS[0]] else "cuda"
 
 
-def _tune_interpreter(kernels, launcher) -> None:
+def _tune_interpreter(kernels, launcher, generation: Generation) -> None:
     """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches.
     `launcher`: the module whose wrapper launches the combine kernel (it holds its own reference to it)."""
     from triton.runtime import interpreter
@@ -377,13 +378,24 @@ def _tune_interpreter(kernels, launcher) -> None:
     if builder is not None and options_cls is not None and getattr(builder.options, "sanitize_overflow", False):
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
     _loop_variables_as_tensors(interpreter)
-    combine = kernels._combine_topk_swa_indices_kernel
-    if not isinstance(combine, RetiledCombineKernel):
-        params = inspect.signature(combine.fn).parameters
-        if "BLOCK_T" in params and "num_tokens" in params:
-            retiled = RetiledCombineKernel(combine)
-            for module in {kernels, launcher}:
-                module._combine_topk_swa_indices_kernel = retiled
+    _retile(kernels._combine_topk_swa_indices_kernel, "BLOCK_T", {kernels, launcher},
+            "_combine_topk_swa_indices_kernel")
+    if generation.real_backend:  # its real forward dequantizes the SWA and compressed caches
+        dequant = importlib.import_module(DEQUANT)
+        _retile(dequant._dequantize_k_cache_paged_kernel, "TOKENS_PER_PROG", {dequant},
+                "_dequantize_k_cache_paged_kernel")
+
+
+def _retile(kernel, block: str, modules, name: str) -> None:
+    """`kernel` as `RetiledKernel` over its `block` argument, in every module that holds it by `name` (each
+    launcher holds its own reference); a kernel without `block` and `num_tokens` parameters is left as it is."""
+    if isinstance(kernel, RetiledKernel):
+        return
+    params = inspect.signature(kernel.fn).parameters
+    if block in params and "num_tokens" in params:
+        retiled = RetiledKernel(kernel, block)
+        for module in modules:
+            setattr(module, name, retiled)
 
 
 def _loop_variables_as_tensors(interpreter) -> None:
@@ -411,21 +423,23 @@ def _loop_variables_as_tensors(interpreter) -> None:
     transformer.visit_For = visit_for
 
 
-class RetiledCombineKernel:
-    """Interpreter launch retiling of `_combine_topk_swa_indices_kernel`, for large inputs only.
+class RetiledKernel:
+    """Interpreter launch retiling of a token-parallel SGLang kernel, for large inputs only.
 
-    SGLang launches it with BLOCK_T=2 tokens per program (tuned on a B200); interpreted, each program costs
-    ~30 ms, so the 11674-row batches at the sparse threshold took minutes. The kernel is written for any
-    power-of-two BLOCK_T (`token = pid * BLOCK_T + arange(BLOCK_T)`, masked by `token < num_tokens`), so
-    above `ABOVE` rows the same kernel is launched with BLOCK_T=`BLOCK` and the grid to match; below it
-    (every small drawn case) SGLang's own launch runs unchanged.
+    SGLang launches `_combine_topk_swa_indices_kernel` with BLOCK_T=2 tokens per program and
+    `_dequantize_k_cache_paged_kernel` with TOKENS_PER_PROG=4 (tuned on a B200); interpreted, each program
+    costs ~20-30 ms, so the 11674-row batches at the sparse threshold took minutes. Each kernel is written for
+    any power-of-two block (`token = pid * BLOCK + arange(BLOCK)`, masked by `token < num_tokens`: "the grid
+    shape does not change any output bit"), so above `ABOVE` rows the same kernel is launched with `BLOCK`
+    tokens per program and the grid to match; below it (every small drawn case) SGLang's own launch runs
+    unchanged.
     """
 
     ABOVE = 1024
     BLOCK = 128
 
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, kernel, block: str):
+        self.kernel, self.block = kernel, block
         self.fn = kernel.fn
         self._signature = inspect.signature(kernel.fn)
 
@@ -434,7 +448,7 @@ class RetiledCombineKernel:
             named = {k: v for k, v in kwargs.items() if k in self._signature.parameters}
             num_tokens = int(self._signature.bind_partial(*args, **named).arguments["num_tokens"])
             if num_tokens > self.ABOVE:
-                kwargs["BLOCK_T"] = self.BLOCK
+                kwargs[self.block] = self.BLOCK
                 return self.kernel[(-(-num_tokens // self.BLOCK),)](*args, **kwargs)
             return self.kernel[grid](*args, **kwargs)
 

@@ -55,6 +55,10 @@ class Generation:
     context_takes_batch: bool  # `forward_context(ctx, forward_batch=...)`, as `ModelRunner._forward_raw` enters it
     runs_cp: bool  # a CP batch runs in one process: the model owns the CP layout (CP-TP group sharing)
     stores_stashed_chunk: bool  # with LMCache, the next step's stash stores the chunk just prefilled
+    # The backend and the KV pool are built by their own __init__s, and an eager EXTEND batch runs the real metadata
+    # init and forward (`real_backend`, `eager`); otherwise the backend is built without its __init__ and every
+    # batch runs the harness's metadata and layers (the stand-ins were written against 0.5.23's kernels).
+    real_backend: bool = False
 
     @property
     def publishes_from_read_end(self) -> bool:
@@ -77,7 +81,7 @@ RESOLVER = Generation(
     hook="resolve_prefill_shared_read_ends", kv_buffer=("sparse_prefill_kv_buffer", "SparsePrefillKVBuffer"),
     swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed",
     context_takes_batch=True, runs_cp=True,
-    stores_stashed_chunk=True)
+    stores_stashed_chunk=True, real_backend=True)
 
 PR_LATE = Generation(
     name="pr-late", semantics="pr",

@@ -1,6 +1,18 @@
 """The session of `--target sglang`: the harness's world driven through the real SGLang 0.5.23 code.
 
-Real SGLang code, called on objects that carry what it reads (each entry point by file and function):
+Two paths, chosen per batch (`SglangModelRunner.runs_real`):
+
+- an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND) on the CPU simulator, with
+  neither CP nor HiSparse, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's own
+  `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer its
+  `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
+  `eager.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
+- every other batch (graph replays, decode, verify and draft-extend batches, CP and HiSparse cases, any batch on
+  CUDA until the real forward is checked there, every batch of a PR-era release) runs the harness's metadata
+  and layers over the same backend object, as listed under "Replaced" below.
+
+Real SGLang code on both paths, called on objects that carry what it reads (each entry point by file and
+function):
 
 - `model_executor/runner/eager_runner.py`: `EagerRunner.execute` and through it `_execute_extend`,
   `_execute_decode`, `_execute_idle` and `load_batch` with its static-buffer registry
@@ -32,14 +44,16 @@ Real SGLang code, called on objects that carry what it reads (each entry point b
 
 Replaced, with the reason (each compared with the real code in tests/test_sglang_target.py where both run):
 
-- the model's forward (`model_runner.model`): the harness's layers, fed with the real metadata and chunk
-  cache; FlashMLA (`flash_mla_sparse_fwd`, CUDA-only, not installable here) by the harness's sparse kernel
-  over the real combined indices;
-- `init_forward_metadata` / `prepare_forward_metadata_for_breakable_cuda_graph_replay` (the real ones plan
-  FlashMLA and JIT kernels): the harness fills the real `DSV4AttnMetadata`'s fields from its own gathers;
-  the copy into a graph's static metadata and the breakable-graph refresh are SGLang's own methods;
-- `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a launched operation on
-  the forward stream, so on the simulator it reads the tables when the stream reaches it;
+- the model above the attention backend (`model_runner.model`): the harness's layers. On the real path they
+  only make each layer's inputs (q, the SWA latent, the compressed latents, the indexer's scores) and call
+  SGLang's backend; on the other path they also attend, fed with the real metadata and chunk cache, FlashMLA
+  (`flash_mla_sparse_fwd`) replaced by the harness's sparse kernel over the real combined indices;
+- on the other path only: `init_forward_metadata` / `prepare_forward_metadata_for_breakable_cuda_graph_replay`
+  (the real ones for a graph replay are phase 2 of issue 27): the harness fills the real `DSV4AttnMetadata`'s
+  fields from its own gathers; the copy into a graph's static metadata and the breakable-graph refresh are
+  SGLang's own methods; `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a
+  launched operation on the forward stream, so on the simulator it reads the tables when the stream reaches it;
+  a PR-era release's backend is built without its `__init__` over the harness's pool (`PoolShim`);
 - the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
   `replay` runs the harness's layers over SGLang's static batch, with captured KV stores that keep the
   capture's tensors (`CapturedGraphs`); a bucket is captured when SGLang's replay first asks for it, from
@@ -49,19 +63,23 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True); no test compares
   these three with the real functions, which read a server's published MoE, DP, TP and exec
   configuration that the harness does not publish;
-- the KV stores and the indexer (model parts); the scheduler's request intake, batch selection and
-  result processing (the harness's mutator);
+- on the other path, the KV stores and the indexer (model parts); on both, the scheduler's request intake,
+  batch selection and result processing (the harness's mutator);
 - on the CPU simulator, the device module (`torch.streamsim`, see `platform.py`): events recorded on the
   stream given, or the current one, as CUDA does; on CUDA, nothing: real `torch.cuda.Event`s.
 
 Tensor work the harness issues goes through `device.launch` with its reads and writes declared; real
-SGLang code that works on tensors eagerly on the host (the metadata copy and refresh) runs as host work
-on the current stream, after what the stream was given before it (`Device.host_work`).
+SGLang code that works on tensors eagerly on the host (metadata init and the resolver on the real path, the
+metadata copy and refresh) runs as host work on the current stream, after what the stream was given before it
+(`Device.host_work`); on the real path each layer's `forward` is one launch, observed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import MethodType, SimpleNamespace
 from typing import Any, Optional
@@ -75,8 +93,11 @@ from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
+from harness.observe import default_buffers
 from harness.probe import Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, Publish, Snapshot, SwaLocFallback
 from harness.sglang_target import server
+from harness.sglang_target.eager import EagerPath
+from harness.sglang_target.real_backend import RealDsv4, fixed_dims
 from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, one_dp_rank,
                                             register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
@@ -206,6 +227,8 @@ class HarnessLayers:
         if forward_batch.forward_mode.is_idle():
             dims = mr.case.dims
             return torch.zeros(0, len(dims.layer_ratios), dims.heads, dims.head_dim)
+        if mr.real_batch:
+            return mr.eager.layers(fb, forward_batch).transpose(0, 1)
         return mr.run_model(fb, forward_batch).transpose(0, 1)
 
 
@@ -229,16 +252,18 @@ class HarnessModel:
 # -- the session --------------------------------------------------------------------------------------------
 
 class SglangSession(ReferenceSession):
-    """Pools, world loading and the harness's model parts come from the reference session; the runner,
-    the metadata's copy and refresh, the decisions, the snapshot, the publication and the scheduler's
-    loop and barrier are SGLang's."""
+    """The tables, world loading and the harness's model parts come from the reference session (and its pools,
+    for the batches the harness's layers run); the runner, the backend (on 0.5.23 built by its `__init__` over
+    SGLang's own KV pool, and for an eager EXTEND batch its metadata init and forward), the metadata's copy and
+    refresh, the decisions, the snapshot, the publication and the scheduler's loop and barrier are SGLang's."""
 
     @property
     def contract_entry_points(self) -> tuple[str, ...]:
         """What triage checks on the real backend: the methods this target drives for real, the installed
-        release's hook among them (metadata init and the model forward are the harness's, so their
-        attribute needs are not the object's contract here)."""
-        return self.api.generation.hook, "shared_read_ends"
+        release's hook among them, and where the release's backend runs its own metadata init and forward
+        (`Generation.real_backend`), those two."""
+        real = ("init_forward_metadata", "forward") if self.api.generation.real_backend else ()
+        return self.api.generation.hook, "shared_read_ends", *real
 
     def __init__(self, api, case: Case, device):
         if case.semantics != api.semantics:
@@ -248,6 +273,11 @@ class SglangSession(ReferenceSession):
         if case.flags.cp_active and not api.generation.runs_cp:
             raise InvalidArgument(f"case flags.cp_active=true: the installed {api.describe()} shards a CP batch "
                                   "across ranks in its eager runner, which one process cannot run; allowed: false")
+        fixed = fixed_dims(api)
+        for name, value in fixed.items():
+            if getattr(case.dims, name) != value:
+                raise InvalidArgument(f"case dims.{name}={getattr(case.dims, name)!r}: the installed {api.describe()} "
+                                      f"runs at {', '.join(f'{k}={v!r}' for k, v in fixed.items())} only")
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
@@ -272,10 +302,30 @@ class SglangSession(ReferenceSession):
 
     def load(self, world) -> ForwardBatch:
         """The reference's allocation, with the per-batch tensors in SGLang's dtypes: `seq_lens` and
-        `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here)."""
+        `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here); the
+        prefix's KV also in SGLang's pool, where an eager EXTEND batch reads it."""
         fb = super().load(world)
+        if self.model_runner.eager is not None:
+            self.model_runner.eager.load(world)
         return dataclasses.replace(fb, seq_lens=fb.seq_lens.to(torch.int64),
                                    req_pool_indices=fb.req_pool_indices.to(torch.int64))
+
+    def kv_state(self) -> dict[str, torch.Tensor]:
+        """The KV the last forward wrote: SGLang's pool, decoded, after an eager EXTEND batch; the harness's
+        pools after any other (a graph replay, a decode, ... run the harness's layers)."""
+        if self.model_runner.ran_real:
+            return self.model_runner.eager.kv_state()
+        return super().kv_state()
+
+    def observed_buffers(self) -> dict[str, torch.Tensor]:
+        """What the observer watches, by the names the declarations use: the tables, and where eager batches run
+        SGLang's forward, SGLang's KV buffers (`swa_kv[layer]`, `extra_kv[layer]`) and the harness's
+        indexer-K store; otherwise the harness's pools (`observe.default_buffers`)."""
+        eager = self.model_runner.eager
+        if eager is None:
+            return default_buffers(self)
+        tables = {name: getattr(self, name) for name in ("req_to_token", "full_to_swa", "full_to_hisparse")}
+        return {**tables, **eager.real.buffers(), "indexer_k": self.token_to_kv_pool.indexer_k}
 
     def step(self, fb, *, graph, process_batch_result, after_launch):
         """One batch through SGLang's overlap loop: its run_batch is the session's forward."""
@@ -364,7 +414,6 @@ class SglangModelRunner:
         self.harness_device = device
         self.probe = session.probe
         self.harness = session.harness_runner
-        self.token_to_kv_pool = session.token_to_kv_pool  # what the HiCache backup copies
         # --speculative-algorithm as the server resolves it (NEXTN is EAGLE's alias; before 0.5.23 only there)
         cli_name = api.mods["spec_hook"]._resolve_speculative_algorithm_alias(case.spec.name, None)
         self.spec_algorithm = api.mods["spec"].SpeculativeAlgorithm.from_string(cli_name)
@@ -383,13 +432,21 @@ class SglangModelRunner:
         real = api.mods["model_runner"].ModelRunner
         for method in ("_pp_kwargs", "_extend_forward_kwargs", "prepare_dummy_forward_batch"):
             setattr(self, method, MethodType(getattr(real, method), self))
+        self.eager = self._real_backend()  # the real backend's path for eager EXTEND batches, where it runs
+        # The KV pool SGLang's code sees: SGLang's own where the backend runs for real, else the harness's.
+        self.token_to_kv_pool = self.eager.real.pool if self.eager is not None else session.token_to_kv_pool
         self.kv_index_translator = api.mods["kv_translator"].KVIndexTranslator(
             req_to_token=session.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=None,
-            token_to_kv_pool=session.token_to_kv_pool, page_size=case.dims.page_size, device=self.device)
+            token_to_kv_pool=self.token_to_kv_pool, page_size=case.dims.page_size, device=self.device)
+        if self.eager is not None:  # after the translator took the pool's own method
+            self._note_fallback(self.token_to_kv_pool)
         self.model = HarnessModel(self)
         self.live_batch: Optional[ForwardBatch] = None  # the harness batch of the forward in flight
         self.replay_batch: Optional[ForwardBatch] = None  # its padded form during a graph replay
         self.replay_static = None  # the bucket's static metadata during a graph replay
+        self._build_label = "sparse_prefill_cache.build"  # the next deferred build's launch, in the harness's layers
+        self.real_batch = False  # the batch in flight runs SGLang's metadata init and forward (`eager`)
+        self.ran_real = False  # the last batch did: its KV is in SGLang's pool
         self.attn_backend = self._build_backend()
         self.eager_runner = self._build_eager_runner()
         self.graph_runner = SglangPrefillGraphRunner(self, contract=case.graph_contract)
@@ -416,12 +473,50 @@ class SglangModelRunner:
             bridge.pending_delay = False
             self.harness_device.delay(self.harness_device.race_delay)
 
-    # -- the object-built backend and eager runner -----------------------------------------------
+    # -- the backend and the eager runner ----------------------------------------------------------
 
     def _build_backend(self):
+        """The release's backend with the resolver observed (`_observe_resolver`): built by its own `__init__`
+        over SGLang's pools where the release's backend runs for real (`Generation.real_backend`), else without it."""
+        backend = self.eager.real.backend if self.eager is not None else self._object_built_backend()
+        self._observe_resolver(backend)
+        return backend
+
+    def _real_backend(self) -> Optional[EagerPath]:
+        """SGLang's pools and backend over the session's tables (`real_backend.RealDsv4`), with the path that runs
+        an eager EXTEND batch through them; None where the release's backend does not run for real, or on CUDA,
+        where the real forward is not yet checked (its batches run the harness's layers, as graph replays do).
+        The backend's fallback translation through the live mapping is noted (`SwaLocFallback`), as the pool
+        stand-in notes it for the object-built backend."""
+        session = self.session
+        if not self.api.generation.real_backend or self.harness_device.kind != "cpu":
+            return None
+        dims, pool = self.case.dims, session.token_to_kv_pool
+        real = RealDsv4(self.api, req_to_token=session.req_to_token_pool.req_to_token,
+                        full_to_swa=pool.full_to_swa_index_mapping, full_size=pool.size,
+                        swa_size=session.sizes.swa_size, layer_ratios=dims.layer_ratios, heads=dims.heads,
+                        spec_algorithm=self.spec_algorithm, hisparse=self.case.flags.hisparse,
+                        device=str(self.harness_device.torch_device))
+        return EagerPath(self, real)
+
+    def _note_fallback(self, pool) -> None:
+        """`pool.translate_loc_from_full_to_swa` called through; noted where `get_swa_out_cache_loc` calls it: the
+        backend's re-translation of its write locations through the live mapping, after the snapshot (metadata
+        init's own translation is the snapshot)."""
+        translate = pool.translate_loc_from_full_to_swa
+
+        def noted(kv_indices):
+            if sys._getframe(1).f_code.co_name == "get_swa_out_cache_loc":
+                self.probe.note(SwaLocFallback())
+            return translate(kv_indices)
+
+        pool.translate_loc_from_full_to_swa = noted
+
+    def _object_built_backend(self):
+        """The backend as SGLang's own unit tests build it (no `__init__`), over the harness's pool."""
         api, session = self.api, self.session
         tdev = self.harness_device.torch_device
-        backend = object.__new__(api.backend_cls)  # as SGLang's own unit tests build it
+        backend = object.__new__(api.backend_cls)
         backend.model_runner = self
         backend.device = tdev
         backend.req_to_token_pool = session.req_to_token_pool
@@ -431,27 +526,52 @@ class SglangModelRunner:
         backend.forward_metadata = None
         buffer_attr, buffer_cls = api.generation.kv_buffer
         setattr(backend, buffer_attr, getattr(api.mods["sparse_utils"], buffer_cls)(tdev))
-        backend.init_forward_metadata = self._init_forward_metadata
-        backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = self._prepare_bcg_replay
-        backend._build_sparse_prefill_chunk_cache = self._deferred_chunk_cache
+        return backend
+
+    def _observe_resolver(self, backend) -> None:
+        """The real resolver, called through (as host work on the forward stream for a batch of the real path);
+        the probe notes what it decided (for the policy oracle): a snapshot, and whether it built the cache."""
+        api = self.api
         resolve_name = api.generation.hook
         real_resolve = getattr(backend, resolve_name)
 
         def resolve_observed(forward_batch, **kwargs):
-            """The real resolver, called through; the probe notes what it decided (for the policy oracle)."""
-            issued = self.builds_issued
-            ends = real_resolve(forward_batch, **kwargs)
+            before = getattr(backend.forward_metadata, "sparse_prefill_cache", None)
+            if self.real_batch:
+                ends = self.eager.resolve(real_resolve, forward_batch, **kwargs)
+            else:
+                ends = real_resolve(forward_batch, **kwargs)
+            after = getattr(backend.forward_metadata, "sparse_prefill_cache", None)
             snapshotted = (ends is api.mods["base_backend"].SharedReadEnds.PRE_REPLAY
                            if api.generation.publishes_from_read_end
                            else getattr(backend.forward_metadata, "prefill_shared_reads_snapshotted", False))
             if snapshotted:
-                self.probe.note(Snapshot(num_qo_tokens=kwargs["num_qo_tokens"], sparse=self.builds_issued > issued))
+                self.probe.note(Snapshot(num_qo_tokens=kwargs["num_qo_tokens"], sparse=after is not None
+                                         and after is not before))
             return ends
 
         setattr(backend, resolve_name, resolve_observed)
-        self._build_label = "sparse_prefill_cache.build"
-        self.builds_issued = 0
-        return backend
+
+    @contextlib.contextmanager
+    def _backend_for_batch(self) -> Iterator[None]:
+        """The backend's methods for the batch in flight, on the instance while its host code runs: a batch of
+        the real path gets SGLang's metadata init as host work on the forward stream (`EagerPath`); any other
+        the harness's metadata init (`_init_forward_metadata`), the breakable-graph refresh (`_prepare_bcg_replay`)
+        and the chunk-cache build deferred into a launch (`_deferred_chunk_cache`). SGLang's own methods
+        otherwise; a closure launched now runs later and calls them."""
+        backend = self.attn_backend
+        if self.real_batch:
+            replaced = {"init_forward_metadata": self.eager.init_forward_metadata}
+        else:
+            replaced = {"init_forward_metadata": self._init_forward_metadata,
+                        "prepare_forward_metadata_for_breakable_cuda_graph_replay": self._prepare_bcg_replay,
+                        "_build_sparse_prefill_chunk_cache": self._deferred_chunk_cache}
+        backend.__dict__.update(replaced)
+        try:
+            yield
+        finally:
+            for name in replaced:
+                del backend.__dict__[name]
 
     def _build_eager_runner(self):
         """SGLang's EagerRunner as `ModelRunner.init_backends` has it, without its warmup (no model)."""
@@ -514,12 +634,23 @@ class SglangModelRunner:
             with contexts.forward_context(contexts.ForwardContext(attn_backend=self.attn_backend), **batch_kwargs):
                 # Decode and idle batches go to the decode graph runner (not this path's); the prefill one decides
                 # the rest itself (it refuses target-verify).
-                if (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
-                        and self.graph_runner.can_run_graph(batch)):
-                    return self.graph_runner.execute(batch)
-                return self.eager_runner.execute(batch).hidden_states.transpose(0, 1)
+                replay = (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
+                          and self.graph_runner.can_run_graph(batch))
+                self.real_batch = self.ran_real = not replay and self.runs_real(fb)
+                with self._backend_for_batch():
+                    if replay:
+                        return self.graph_runner.execute(batch)
+                    return self.eager_runner.execute(batch).hidden_states.transpose(0, 1)
         finally:
-            self.live_batch = None
+            self.live_batch, self.real_batch = None, False
+
+    def runs_real(self, fb: ForwardBatch) -> bool:
+        """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
+        too, which SGLang's eager runner runs as EXTEND) where the real backend runs, without CP or HiSparse
+        (their layouts and per-layer translations are the harness's, as in every other batch)."""
+        flags = self.case.flags
+        return (self.eager is not None and fb.forward_mode in (HForwardMode.EXTEND, HForwardMode.MIXED)
+                and not flags.cp_active and not flags.hisparse)
 
     def run_model(self, fb: ForwardBatch, view, store_compressed=None) -> torch.Tensor:
         dims = self.case.dims
@@ -600,7 +731,6 @@ class SglangModelRunner:
         metadata = backend.forward_metadata  # bound at issue time, as a launch binds its pointers
         window = self.case.dims.swa_window
         build = api.backend_cls._build_sparse_prefill_chunk_cache
-        self.builds_issued += 1
 
         def run():
             saved = backend.forward_metadata

@@ -13,6 +13,8 @@ the questions it can (as pytest's hookspec.py documents each hook a plugin may i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Callable, Protocol
 
 import torch
@@ -51,7 +53,12 @@ class Session(Protocol):
         event or the barrier. Returns the forward's outputs by name."""
 
     def kv_state(self) -> dict[str, torch.Tensor]:
-        """The KV stores after the step, by name (compared between the overlapped and the barriered run)."""
+        """The KV stores after the step, by name (compared between the overlapped and the barriered run; the
+        `kv` oracle reads `swa_kv`, `extra_kv` and `indexer_k` in the reference model's layout)."""
+
+    # Optional: `observed_buffers() -> dict[str, torch.Tensor]`, the buffers the observer watches under the
+    # names the declarations use, for a session whose KV lives elsewhere than `kv_state()`'s tensors (default:
+    # `harness.observe.default_buffers`, the tables and `kv_state()`, a 3-D pool per layer as `name[layer]`).
 
 
 class Target:
@@ -68,6 +75,11 @@ class Target:
     cannot_run: frozenset[str] = frozenset()
     """Switches (`Flags` field names) whose cases this target cannot run as the system does: a campaign never
     draws them (nor runs a seed case with one), and `open` refuses a case that has one."""
+
+    fixed_dims: Mapping[str, object] = MappingProxyType({})
+    """`Dims` fields this target runs at these values only (sizes the system under test asserts): a campaign
+    draws every case with them (`strategies.cases(dims=...)`), the reference model runs the same case at the
+    same sizes, and `open` refuses a case with others. Empty: any sizes."""
 
     def open(self, case: Case, device) -> Session:
         """A new session for one run of `case` on `device` (a `harness.device` device: its streams, events

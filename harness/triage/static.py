@@ -11,6 +11,7 @@ from harness.case import Batch, Case, Request
 from harness.device import SimDevice
 from harness.errors import ExitCode
 from harness.sglang_target.classes import sglang_classes
+from harness.strategies import with_dims
 from harness.targets import load_target
 from harness.triage.source import check_classes, module_classes, static_section
 from reports.writers import write_json_atomically
@@ -37,7 +38,8 @@ def static_triage(args) -> int:
         name = f"sglang-{version('sglang')}"
     else:
         target = load_target(args.target, mutant=args.mutant)
-        classes = triage_classes(target.open(Case(batches=(Batch(requests=(Request(3, 5),)),)), SimDevice()))
+        case = with_dims(Case(batches=(Batch(requests=(Request(3, 5),)),)), tuple(getattr(target, "fixed_dims", {}).items()))
+        classes = triage_classes(target.open(case, SimDevice()))
         name = getattr(target, "name", args.target)
     section = static_section(check_classes(classes))
     path = Path(args.report_dir) / "triage.json"

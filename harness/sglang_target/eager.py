@@ -1,0 +1,208 @@
+"""An eager EXTEND batch of the sglang target through SGLang's real DSV4 backend, on the harness's device.
+
+SGLang's eager runner (`EagerRunner._execute_extend`) calls the backend's `init_forward_metadata`, then its
+resolver (`resolve_prefill_shared_read_ends`, which may build the sparse-prefill chunk cache), publishes, and
+runs the model, whose every attention layer calls the backend's `forward`. Here the backend, its metadata init,
+its resolver and its forward are SGLang's own (`real_backend.RealDsv4`); the model above the backend is the
+harness's. On the device:
+
+- metadata init and the resolver are host work on the forward stream (`Device.host_work`), where the runner
+  calls them: after what the stream was given before, and declaring the shared tables they read;
+- each layer is up to three launches on the forward stream: the compressor's store of the compressed latents the
+  harness's model made (ratio 4 and 128), the indexer's top-k (ratio 4: the harness's scores, SGLang's
+  transform), and the backend's `forward` itself. A launch declares what the real code is meant to read and
+  write there; the observer sees what it really touches, so a read of a shared table a launch did not declare
+  (a lazy chunk-cache build after the event, a per-layer translation through the live mapping) is an
+  `undeclared-access` finding, with SGLang's line, and the tracker judges the observed access;
+- a launched closure runs when the simulator reaches it, after the host code that issued it returned: it binds
+  what SGLang's launch would have bound at issue (the metadata object, the layer's inputs) and re-enters the
+  case's SGLang configuration, which the issuing code held.
+
+The model's data is the world's, exact in DSV4's FP8 cache and bf16 (`world.held_by_kv_format`): q and the SWA
+latent k go to the backend in bf16, the output comes back in bf16, and the KV cache reads back exactly what was
+stored (`kv_state`, decoded by `real_backend.read_v4`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from harness.probe import Forward, LazyBuild
+from harness.sglang_target import real_backend
+from harness.sglang_target.platform import sglang_config, swa_window
+from harness.world import BatchWorld, kv_contents
+
+# The tables the backend's chunk-cache build reads (`_build_sparse_prefill_chunk_cache` ->
+# `SparsePrefillChunkCache.build` -> `build_swa_token_ids`), besides the batch's rows of req_to_token.
+_BUILD_READS = ("full_to_swa", "fb.req_pool_indices", "fb.seq_lens", "fb.extend_seq_lens")
+# What metadata init reads: the batch's rows of req_to_token, the mapping (the SWA page indices and write
+# locations, the compressor's state ring), and the batch's lengths, pool rows and write locations.
+_INIT_READS = ("full_to_swa", "fb.req_pool_indices", "fb.seq_lens", "fb.extend_seq_lens", "fb.out_cache_loc")
+_TIE_BREAK = 1 << 16  # scores are small integers (|score| <= 64): score * 2^16 - block stays exact in float32
+
+
+class EagerPath:
+    """The session's eager EXTEND batches through `real_backend.RealDsv4`. `runner`: the session's model runner
+    (its device, probe, case and SGLang API)."""
+
+    def __init__(self, runner, real: real_backend.RealDsv4):
+        self.mr, self.real = runner, real
+        self.api, self.case, self.device, self.probe = runner.api, runner.case, runner.harness_device, runner.probe
+        self.harness_pool = runner.session.token_to_kv_pool  # the harness's indexer-K store lives there
+
+    @contextlib.contextmanager
+    def sglang(self) -> Iterator[None]:
+        """The case's SGLang configuration, the host switches and the case's SWA window: what SGLang's code
+        reads while it runs (a launched closure runs after the issuing code left these)."""
+        with sglang_config(self.api, self.case), real_backend.switches(self.api), \
+                swa_window(self.api, self.case.dims.swa_window):
+            yield
+
+    @contextlib.contextmanager
+    def bound(self, metadata) -> Iterator[None]:
+        """The backend's `forward_metadata` as it was when the closure was issued."""
+        backend = self.real.backend
+        saved, backend.forward_metadata = backend.forward_metadata, metadata
+        try:
+            yield
+        finally:
+            backend.forward_metadata = saved
+
+    def _rows_read(self) -> frozenset:
+        return frozenset(self.mr.live_batch.req_pool_indices_cpu)
+
+    # -- the pools -----------------------------------------------------------------------------------
+
+    def load(self, world: BatchWorld) -> None:
+        """The prefix's KV as earlier forwards left it, written through SGLang's pool into emptied buffers:
+        SWA latents at their SWA slots, each complete compressed block at its slot (the full slot of its
+        first token // ratio)."""
+        real, ratios = self.real, self.case.dims.layer_ratios
+        for buffer in real.buffers().values():
+            buffer.view(torch.uint8).zero_()
+        contents = kv_contents(world, after_forward=False)
+        (swa_layers, swa_slots), swa_values = contents["swa_kv"]
+        (extra_layers, full_slots), extra_values = contents["extra_kv"]
+        for layer, ratio in enumerate(ratios):
+            mine = swa_layers == layer
+            real.write_swa(layer, swa_slots[mine], swa_values[mine])
+            mine = extra_layers == layer
+            if ratio and bool(mine.any()):
+                real.write_compressed(layer, full_slots[mine] // ratio, extra_values[mine])
+
+    def kv_state(self) -> dict[str, torch.Tensor]:
+        """The KV after the forward in the harness's layout, decoded from SGLang's pool (the SWA cache by SWA slot,
+        the compressed caches by the full slot of a block's first token), and the harness's indexer-K store."""
+        full_size = self.harness_pool.size
+        return {"swa_kv": self.real.read_swa(), "extra_kv": self.real.read_compressed(full_size),
+                "indexer_k": self.harness_pool.indexer_k}
+
+    # -- SGLang's metadata init and resolver, as host work ----------------------------------------------
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        """The backend's own `init_forward_metadata` (SGLang's eager runner calls it on the forward stream)."""
+        reads = {"req_to_token": self._rows_read(), **dict.fromkeys(_INIT_READS)}
+        init = type(self.real.backend).init_forward_metadata
+        with self.device.host_work("DeepseekV4AttnBackend.init_forward_metadata", reads=reads,
+                                   writes={"meta": None}), self.sglang():
+            init(self.real.backend, forward_batch)
+
+    def resolve(self, real_resolve, forward_batch, **kwargs):
+        """The backend's own resolver, which may build the chunk cache: the snapshot's reads of the tables."""
+        reads = {"req_to_token": self._rows_read(), "meta": None, **dict.fromkeys(_BUILD_READS)}
+        with self.device.host_work("DeepseekV4AttnBackend.resolve_prefill_shared_read_ends", reads=reads,
+                                   writes={"cache": None}), self.sglang():
+            return real_resolve(forward_batch, **kwargs)
+
+    # -- the layers -------------------------------------------------------------------------------------
+
+    def layers(self, fb, forward_batch) -> torch.Tensor:
+        """Every layer of the harness's model over SGLang's backend: [layers, tokens, heads, 512] bf16.
+        `fb`: the harness's batch (the model's inputs); `forward_batch`: SGLang's, as its runner gives it."""
+        backend, dims = self.real.backend, self.case.dims
+        rows = fb.num_tokens
+        out = torch.zeros(len(dims.layer_ratios), rows, dims.heads, dims.head_dim, dtype=torch.bfloat16,
+                          device=self.device.torch_device)
+        metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
+        with self.sglang():
+            sparse = backend._use_sparse_prefill(forward_batch, num_qo_tokens=rows)
+        self.probe.note(Forward(rows=rows, sparse=sparse))
+        builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily
+        for layer, ratio in enumerate(dims.layer_ratios):
+            if ratio:
+                self._compressor(fb, metadata, layer, ratio)
+            if ratio == 4:
+                self._indexer(fb, metadata, layer)
+            self._attention(fb, forward_batch, metadata, layer, ratio, out, builds=builds and layer == 0)
+        return out
+
+    def _compressor(self, fb, metadata, layer: int, ratio: int) -> None:
+        """The compressed latents this batch completes (the harness's compressor output) stored through
+        SGLang's pool at the rows and slots of SGLang's plan; a c4 layer also stores the indexer keys of those
+        blocks in the harness's indexer-K store, keyed by the block's first full slot (4 x its c4 slot)."""
+        real, latents, index_keys = self.real, fb.compressed_new[layer], fb.index_k_new
+        indexer_k = self.harness_pool.indexer_k
+
+        def store():
+            with self.sglang(), self.bound(metadata):
+                rows, loc = real.compressor_writes(ratio)
+                real.write_compressed(layer, loc, latents[rows])
+                if ratio == 4:
+                    indexer_k.index_copy_(0, loc.long() * 4, index_keys[rows])
+
+        writes = {f"extra_kv[{layer}]": None, **({"indexer_k": None} if ratio == 4 else {})}
+        self.device.launch(f"layer{layer}.compressor.store", store, reads={"meta": None}, writes=writes)
+
+    def _indexer(self, fb, metadata, layer: int) -> None:
+        """The c4 indexer: the harness's scores (each visible block's key, read through the metadata's page
+        table, against the row's indexer query; ties to the lower block, as the reference model's indexer),
+        then SGLang's top-k transform into the metadata's sparse indices."""
+        real, indexer_k, q_index = self.real, self.harness_pool.indexer_k, fb.q_index
+        width = max(fb.seq_lens_cpu) // 4 + 1
+        blocks = torch.arange(width, device=q_index.device)
+        per_page = real_backend.PAGE_SIZE // 4
+
+        def top_k():
+            index = metadata.indexer_metadata
+            pages = index.page_table[: q_index.shape[0]].long()
+            page = pages[:, (blocks // per_page).clamp(max=pages.shape[1] - 1)]
+            slots = (page * per_page + blocks % per_page).clamp(min=0) * 4
+            scores = (indexer_k[slots] * q_index[:, None, :]).sum(-1)
+            with self.sglang():
+                real.c4_top_k(metadata, scores * _TIE_BREAK - blocks)
+
+        self.device.launch(f"layer{layer}.indexer.top_k", top_k, reads={"indexer_k": None, "meta": None},
+                           writes={"meta.c4_sparse": None})
+
+    def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
+                   builds: bool) -> None:
+        """The backend's `forward` for one layer, as one launch. `builds`: the chunk cache is missing at issue, so
+        this layer is meant to build it from the tables (the coarse barrier orders that read; after a
+        published event it is a race, which the tracker and the policy oracle report)."""
+        backend, radix = self.real.backend, self.real.layers[layer]
+        q, k = fb.q[layer].to(torch.bfloat16), fb.kv_new[layer].to(torch.bfloat16)
+        sink = self.mr.session.sink[layer]
+
+        def attend():
+            with self.sglang(), self.bound(metadata):
+                cache = metadata.sparse_prefill_cache
+                out[layer].copy_(backend.forward(q, k, k, radix, forward_batch, compress_ratio=ratio, attn_sink=sink))
+                if metadata.sparse_prefill_cache is not cache:  # this layer built the chunk cache itself
+                    self.probe.note(LazyBuild(layer=layer))
+
+        reads = {f"swa_kv[{layer}]": None, "meta": None, "cache": None}
+        writes = {f"swa_kv[{layer}]": None, "out": None}
+        if ratio:
+            reads[f"extra_kv[{layer}]"] = None
+        if ratio == 4:
+            reads["meta.c4_sparse"] = None
+        if builds:
+            reads.update({"req_to_token": self._rows_read(), **dict.fromkeys(_BUILD_READS)})
+            writes["cache"] = None
+        self.device.launch(f"layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads, writes=writes)
+
+
+__all__ = ["EagerPath"]
