@@ -54,11 +54,11 @@ def _self_reads(func) -> tuple[list[tuple[str, int]], list[str], str]:
     return reads, calls, file
 
 
-def check_object(obj, entry_points: Iterable[str] = ENTRY_POINTS) -> list[Break]:
-    """Every attribute the entry points (and what they call on self) read must exist on `obj`."""
-    cls = type(obj)
-    breaks, seen = [], set()
-    queue = deque((name, (name,)) for name in entry_points if hasattr(cls, name))  # shortest call path first
+def _walk_self_calls(cls: type, entry_points: Iterable[str], analyse):
+    """The methods of `cls` the entry points reach through calls on self, shortest call path first: yields
+    (call path, reads, file) with `analyse(func)`'s (reads, calls, file) for each method once."""
+    seen: set[str] = set()
+    queue = deque((name, (name,)) for name in entry_points if hasattr(cls, name))
     while queue:
         name, path = queue.popleft()
         if name in seen:
@@ -67,13 +67,21 @@ def check_object(obj, entry_points: Iterable[str] = ENTRY_POINTS) -> list[Break]
         func = inspect.getattr_static(cls, name, None)
         if isinstance(func, (staticmethod, classmethod)):
             func = func.__func__
-        if not inspect.isfunction(func):  # a class or a value held in an attribute: not a method of obj
+        if not inspect.isfunction(func):  # a class or a value held in an attribute: not a method
             continue
-        reads, calls, file = _self_reads(func)
+        reads, calls, file = analyse(func)
+        yield path, reads, file
+        queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
+
+
+def check_object(obj, entry_points: Iterable[str] = ENTRY_POINTS) -> list[Break]:
+    """Every attribute the entry points (and what they call on self) read must exist on `obj`."""
+    cls = type(obj)
+    breaks: list[Break] = []
+    for path, reads, file in _walk_self_calls(cls, entry_points, _self_reads):
         for attr, line in reads:
             if not _has(obj, attr) and not any(b.attribute == attr for b in breaks):
                 breaks.append(Break(cls.__name__, attr, path, short_path(file), line))
-        queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
     return breaks
 
 
@@ -150,23 +158,10 @@ def reads_on_every_call(cls: type, entry: str) -> list[Read]:
     what an object built without `__init__` (as SGLang's own unit tests build a backend) must be given before
     the entry point can run at all. Class attributes, methods and properties are not counted."""
     found: list[Read] = []
-    seen: set[str] = set()
-    queue = deque([(entry, (entry,))])
-    while queue:
-        name, path = queue.popleft()
-        if name in seen:
-            continue
-        seen.add(name)
-        func = inspect.getattr_static(cls, name, None)
-        if isinstance(func, (staticmethod, classmethod)):
-            func = func.__func__
-        if not inspect.isfunction(func):
-            continue
-        reads, calls, file = _unconditional(func)
+    for path, reads, file in _walk_self_calls(cls, (entry,), _unconditional):
         for attr, line in reads:
             if not hasattr(cls, attr) and not any(r.attribute == attr for r in found):
                 found.append(Read(attr, path, short_path(file), line))
-        queue.extend((callee, path + (callee,)) for callee in calls if hasattr(cls, callee))
     return found
 
 
