@@ -243,6 +243,26 @@ MUTANTS = (
                  "    c4_seq_lens_raw = seq_len // 4\n", "    c4_seq_lens_raw = (seq_len - 1) // 4\n",
                  "metadata init plans one c4 block too few for a query whose position closes a block (the indexer "
                  "never chooses it)"),
+    # -- the breakable graph's captured metadata and its replay refresh (issue 27: SGLang captures the bucket and
+    # refreshes it; the captured segments read the capture's tensors)
+    SourceMutant("refresh_assigns_compress_plan", BACKEND,
+                 "        maybe_copy_inplace(\n"
+                 "            self.c4_compress_metadata, src=static_metadata.c4_compress_metadata\n        )\n",
+                 "        self.c4_compress_metadata = static_metadata.c4_compress_metadata\n",
+                 "the breakable-graph refresh re-binds the c4 compressor plan instead of copying it into the captured "
+                 "one: the captured compressor stores by the capture's plan"),
+    SourceMutant("refresh_rebinds_c4_sparse_indices", BACKEND,
+                 '        reference_assign_fields = [\n            "page_table",\n',
+                 '        reference_assign_fields = [\n            "c4_sparse_page_indices",\n            "page_table",\n',
+                 "the breakable-graph refresh re-binds the c4 sparse indices: the attention reads the fresh plan's "
+                 "tensor, which the captured indexer never fills"),
+    SourceMutant("refresh_skips_swa_loc_retranslate", BACKEND,
+                 "        capture_metadata.refresh_for_breakable_cuda_graph_replay_(static_metadata)\n"
+                 "        if self._prefill_graph_translates_swa_loc(static_metadata):\n",
+                 "        capture_metadata.refresh_for_breakable_cuda_graph_replay_(static_metadata)\n"
+                 "        if False:\n",
+                 "the breakable-graph replay prep no longer re-translates the SWA write locations into the captured "
+                 "metadata: every layer stores at the last replay's slots"),
 )
 
 

@@ -356,6 +356,25 @@ def test_compress_plan_standin_follows_c_plan(api):
     assert w32[:, 1].tolist() == [ring(*positions[row]) for row in kept]
 
 
+
+def test_compress_plan_standin_pads_an_underfilled_graph_bucket(api):
+    """c_plan.cuh with `use_cuda_graph`: the plans are num_q_tokens rows, the valid ones first and invalid ones
+    after (kernel_1's padding; the device-input path pads a bucket the extends underfill the same way), where
+    the host path without it refuses extends that do not cover num_q_tokens."""
+    r2t = torch.arange(600, dtype=torch.int32).view(1, 600) + 256
+    f2s = torch.arange(1000, dtype=torch.int64)
+    seq, ext, pin = torch.tensor([12]), torch.tensor([9]), torch.empty(16 * 24, dtype=torch.uint8)
+    exact_c, exact_w = jit_kernels.plan_compress_prefill(torch.tensor([0]), r2t, f2s, seq, ext, pin, 9, 4, 256, 8,
+                                                         False, False)
+    c, w = jit_kernels.plan_compress_prefill(torch.tensor([0]), r2t, f2s, seq, ext, pin, 16, 4, 256, 8, False, True)
+    assert c.shape[0] == w.shape[0] == 16
+    assert torch.equal(c[: exact_c.shape[0]], exact_c) and torch.equal(w[: exact_w.shape[0]], exact_w)
+    invalid_c = jit_kernels._plan_c_rows([jit_kernels.INVALID_C])
+    assert all(torch.equal(row, invalid_c[0]) for row in c[exact_c.shape[0]:])
+    with pytest.raises(ValueError, match="cover 9 tokens, num_q_tokens is 16"):
+        jit_kernels.plan_compress_prefill(torch.tensor([0]), r2t, f2s, seq, ext, pin, 16, 4, 256, 8, False, False)
+
+
 # -- the real backend ----------------------------------------------------------------------------------------
 
 # prefixes > 0; extends that straddle a 256 page and the 128 window; three requests

@@ -409,6 +409,51 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
         "PrefillCudaGraphRunner._execute_tc_piecewise", "PrefillCudaGraphRunner._trim_logits_output"]
 
 
+def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target, harness_device, monkeypatch):
+    """Where the backend runs for real, a replay of the breakable graph (`bcg`) is SGLang's: the bucket captured
+    once by `capture_one_shape` (its metadata planned by the backend's capture init), each replay's metadata
+    refreshed by the backend's own prep, every layer through the backend's `forward`; the harness fills no
+    metadata field (`_fresh_metadata` never runs)."""
+    from harness.sglang_target.session import SglangModelRunner
+
+    if harness_device != "cpu":
+        pytest.skip("the real backend runs on the CPU simulator only (its CUDA run is not checked yet)")
+    mods, backend_cls = target.api.mods, target.api.backend_cls
+    calls = []
+    entries = [(mods["graph_runner"].PrefillCudaGraphRunner, "capture_one_shape"),
+               (backend_cls, "init_forward_metadata_for_breakable_cuda_graph_capture"),
+               (backend_cls, "prepare_forward_metadata_for_breakable_cuda_graph_replay"),
+               (backend_cls, "forward"), (SglangModelRunner, "_fresh_metadata")]
+    for owner, name in entries:
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
+    case = Case(dims=DIMS, graph_contract="bcg", batches=(replay, replay))
+    result = run_case(target, case, harness_device, target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+    layers = len(DIMS.layer_ratios)
+    # the overlapped and the barriered run each open a session: each captures the bucket once, replays it twice
+    assert calls.count("capture_one_shape") == calls.count("init_forward_metadata_for_breakable_cuda_graph_capture")
+    assert calls.count("prepare_forward_metadata_for_breakable_cuda_graph_replay") == 2 * calls.count("capture_one_shape")
+    assert calls.count("forward") == layers * calls.count("prepare_forward_metadata_for_breakable_cuda_graph_replay")
+    assert calls.count("capture_one_shape") >= 1 and "_fresh_metadata" not in calls
+
+
+def test_a_captured_segment_keeps_the_tensors_bound_at_capture():
+    """`real_graph.bound_at_capture`: what a captured graph holds of the metadata. A refresh that copies into a
+    captured tensor is seen; one that re-binds the field (on the object or a nested one) is not, as on a GPU."""
+    from harness.sglang_target.real_graph import bound_at_capture
+
+    core = SimpleNamespace(out_loc=torch.zeros(3), plan=SimpleNamespace(rows=torch.zeros(2)))
+    metadata = SimpleNamespace(core_attn_metadata=core, cache=None)
+    held = bound_at_capture(metadata)
+    core.out_loc.copy_(torch.ones(3))  # refreshed in place: the captured kernel reads it
+    core.plan.rows = torch.full((2,), 7.0)  # re-bound: the captured kernel still reads the old tensor
+    metadata.core_attn_metadata = SimpleNamespace(out_loc=torch.full((3,), 5.0))
+    assert held.core_attn_metadata.out_loc.tolist() == [1.0, 1.0, 1.0]
+    assert held.core_attn_metadata.plan.rows.tolist() == [0.0, 0.0]
+
+
 def test_the_pool_stand_in_translates_as_sglangs_pool_does(target, harness_device):
     """`PoolShim.translate_loc_from_full_to_swa` (a launched read of the live mapping) against the real
     `DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa` on the same mapping (the PR-era releases' backend

@@ -52,6 +52,7 @@ CP_BASE = "sglang.srt.layers.cp.base"
 CP_UTILS = "sglang.srt.layers.cp.utils"
 BUCKETS = "sglang.srt.arg_groups.cuda_graph_hook"
 BASE_GRAPH_RUNNER = "sglang.srt.model_executor.runner.base_cuda_graph_runner"
+BASE_RUNNER = "sglang.srt.model_executor.runner.base_runner"
 SCHEDULER = "sglang.srt.managers.scheduler"
 TP_WORKER = "sglang.srt.managers.tp_worker"
 SPEC_WORKER = "sglang.srt.speculative.base_spec_worker"
@@ -329,9 +330,9 @@ def load_api() -> SglangApi:
     mods = {name: importlib.import_module(path) for name, path in dict(
         backend=BACKEND, base_backend=BASE_BACKEND, sparse_utils=SPARSE_UTILS, kernels=KERNELS, publisher=PUBLISHER,
         spec=SPEC, environ=ENVIRON, runtime=RUNTIME, forward=FORWARD, cp_base=CP_BASE, cp_utils=CP_UTILS,
-        buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, scheduler=SCHEDULER,
-        tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER, model_runner=MODEL_RUNNER,
-        buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
+        buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, base_runner=BASE_RUNNER,
+        scheduler=SCHEDULER, tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER,
+        model_runner=MODEL_RUNNER, buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
         kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
         spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
         graph_config=GRAPH_CONFIG).items()}

@@ -26,13 +26,16 @@ stored (`kv_state`, decoded by `real_backend.read_v4`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from harness.probe import Forward, LazyBuild
 from harness.sglang_target import real_backend
 from harness.sglang_target.platform import sglang_config, swa_window
+from harness.sglang_target.real_graph import CapturedBucket
 from harness.world import BatchWorld, kv_contents
 
 # The tables the backend's chunk-cache build reads (`_build_sparse_prefill_chunk_cache` ->
@@ -110,6 +113,16 @@ class EagerPath:
                                    writes={"meta": None}), self.sglang():
             init(self.real.backend, forward_batch)
 
+    def prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
+        """The backend's own `prepare_forward_metadata_for_breakable_cuda_graph_replay` (SGLang's replay prep calls
+        it on the forward stream): a fresh plan of the static batch, refreshed into the bucket's captured
+        metadata in place, the SWA write locations re-translated into it."""
+        reads = {"req_to_token": self._rows_read(), **dict.fromkeys(_INIT_READS)}
+        prepare = type(self.real.backend).prepare_forward_metadata_for_breakable_cuda_graph_replay
+        with self.device.host_work("DeepseekV4AttnBackend.prepare_forward_metadata_for_breakable_cuda_graph_replay",
+                                   reads=reads, writes={"meta": None}), self.sglang():
+            prepare(self.real.backend, capture_metadata, forward_batch, static_forward_batch=static_forward_batch)
+
     def resolve(self, real_resolve, forward_batch, **kwargs):
         """The backend's own resolver, which may build the chunk cache: the snapshot's reads of the tables."""
         reads = {"req_to_token": self._rows_read(), "meta": None, **dict.fromkeys(_BUILD_READS)}
@@ -119,31 +132,37 @@ class EagerPath:
 
     # -- the layers -------------------------------------------------------------------------------------
 
-    def layers(self, fb, forward_batch) -> torch.Tensor:
+    def layers(self, fb, forward_batch, captured: CapturedBucket | None = None) -> torch.Tensor:
         """Every layer of the harness's model over SGLang's backend: [layers, tokens, heads, 512] bf16.
-        `fb`: the harness's batch (the model's inputs); `forward_batch`: SGLang's, as its runner gives it."""
+        `fb`: the harness's batch (the model's inputs); `forward_batch`: SGLang's, as its runner gives it.
+        `captured`: in a breakable graph's replay, what the bucket's graph holds: its captured segments (the
+        compressor store and the indexer) read that metadata and those static inputs; the eager segment, the
+        backend's `forward`, reads the backend's metadata as the replay's prep left it."""
         backend, dims = self.real.backend, self.case.dims
         rows = fb.num_tokens
         out = torch.zeros(len(dims.layer_ratios), rows, dims.heads, dims.head_dim, dtype=torch.bfloat16,
                           device=self.device.torch_device)
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
+        segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
+            _Segments(captured.metadata, captured.compressed_new, captured.index_k_new, graph=True)
         with self.sglang():
             sparse = backend._use_sparse_prefill(forward_batch, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily
         for layer, ratio in enumerate(dims.layer_ratios):
             if ratio:
-                self._compressor(fb, metadata, layer, ratio)
+                self._compressor(segments, layer, ratio)
             if ratio == 4:
-                self._indexer(fb, metadata, layer)
+                self._indexer(fb, segments, layer)
             self._attention(fb, forward_batch, metadata, layer, ratio, out, builds=builds and layer == 0)
         return out
 
-    def _compressor(self, fb, metadata, layer: int, ratio: int) -> None:
+    def _compressor(self, segments: "_Segments", layer: int, ratio: int) -> None:
         """The compressed latents this batch completes (the harness's compressor output) stored through
         SGLang's pool at the rows and slots of SGLang's plan; a c4 layer also stores the indexer keys of those
         blocks in the harness's indexer-K store, keyed by the block's first full slot (4 x its c4 slot)."""
-        real, latents, index_keys = self.real, fb.compressed_new[layer], fb.index_k_new
+        real, metadata = self.real, segments.metadata
+        latents, index_keys = segments.compressed_new[layer], segments.index_k_new
         indexer_k = self.harness_pool.indexer_k
 
         def store():
@@ -154,13 +173,14 @@ class EagerPath:
                     indexer_k.index_copy_(0, loc.long() * 4, index_keys[rows])
 
         writes = {f"extra_kv[{layer}]": None, **({"indexer_k": None} if ratio == 4 else {})}
-        self.device.launch(f"layer{layer}.compressor.store", store, reads={"meta": None}, writes=writes)
+        self.device.launch(f"{segments.prefix}layer{layer}.compressor.store", store, reads=segments.reads,
+                           writes=writes)
 
-    def _indexer(self, fb, metadata, layer: int) -> None:
+    def _indexer(self, fb, segments: "_Segments", layer: int) -> None:
         """The c4 indexer: the harness's scores (each visible block's key, read through the metadata's page
         table, against the row's indexer query; ties to the lower block, as the reference model's indexer),
         then SGLang's top-k transform into the metadata's sparse indices."""
-        real, indexer_k, q_index = self.real, self.harness_pool.indexer_k, fb.q_index
+        real, indexer_k, q_index, metadata = self.real, self.harness_pool.indexer_k, fb.q_index, segments.metadata
         width = max(fb.seq_lens_cpu) // 4 + 1
         blocks = torch.arange(width, device=q_index.device)
         per_page = real_backend.PAGE_SIZE // 4
@@ -174,8 +194,8 @@ class EagerPath:
             with self.sglang():
                 real.c4_top_k(metadata, scores * _TIE_BREAK - blocks)
 
-        self.device.launch(f"layer{layer}.indexer.top_k", top_k, reads={"indexer_k": None, "meta": None},
-                           writes={"meta.c4_sparse": None})
+        self.device.launch(f"{segments.prefix}layer{layer}.indexer.top_k", top_k,
+                           reads={"indexer_k": None, "meta": None}, writes={"meta.c4_sparse": None})
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
                    builds: bool) -> None:
@@ -203,6 +223,25 @@ class EagerPath:
             reads.update({"req_to_token": self._rows_read(), **dict.fromkeys(_BUILD_READS)})
             writes["cache"] = None
         self.device.launch(f"layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads, writes=writes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Segments:
+    """What a layer's compressor store and indexer read: the batch's metadata and model inputs, or in a graph's
+    replay the bucket's captured metadata and static inputs (`graph`)."""
+
+    metadata: Any
+    compressed_new: torch.Tensor
+    index_k_new: torch.Tensor
+    graph: bool = False
+
+    @property
+    def prefix(self) -> str:
+        return "prefill_graph." if self.graph else ""
+
+    @property
+    def reads(self) -> dict:
+        return {"meta": None, **({"static_inputs": None} if self.graph else {})}
 
 
 __all__ = ["EagerPath"]

@@ -163,8 +163,10 @@ INVALID_W = (_U32_MAX, -1)
 def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_lens, extend_lens, pin_buffer,
                           num_q_tokens: int, compress_ratio: int, swa_page_size: int, ring_size: int,
                           use_req_ring: bool, use_cuda_graph: bool):
-    """`plan_compress_prefill` (c_plan.cuh), host-input path: (plan_c [n_c, 16], plan_w [n_w, 8]) uint8 on
-    `req_to_token`'s device. Reads `req_to_token` and `full_to_state` (c4 on a paged ring only)."""
+    """`plan_compress_prefill` (c_plan.cuh): (plan_c [n_c, 16], plan_w [n_w, 8]) uint8 on `req_to_token`'s device.
+    Reads `req_to_token` and `full_to_state` (c4 on a paged ring only). The host-input path; with `use_cuda_graph`,
+    also the device-input path's padding of a bucket the extends underfill (kernel0: valid entries, then invalid
+    ones up to num_q_tokens; the order of the valid entries, an atomic counter's there, is the host loop's)."""
     for name, t, dtype in (("req_pool_indices", req_pool_indices, torch.int64), ("req_to_token", req_to_token, torch.int32),
                            ("full_to_state", full_to_state, torch.int64), ("seq_lens", seq_lens, torch.int64),
                            ("extend_lens", extend_lens, torch.int64), ("pin_buffer", pin_buffer, torch.uint8)):
@@ -207,7 +209,10 @@ def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_len
                                             and position % swa_page_size >= swa_page_size - compress_ratio):
                 plan_w.append((ragged, i, position + 1))
         counter += extend_len
-    if counter != num_q_tokens:
+    # The host-input path checks `counter == num_q_tokens`; the device-input path (kernel0), which SGLang's graph plan
+    # takes on a GPU (its lengths on the device, `use_cuda_graph`), pads an underfilled bucket's [counter, num_q)
+    # with invalid entries instead. On the simulator every tensor is a host tensor, so a graph's plan arrives here.
+    if counter > num_q_tokens or (counter != num_q_tokens and not use_cuda_graph):
         raise ValueError(f"plan_compress_prefill stand-in: the extends cover {counter} tokens, num_q_tokens is {num_q_tokens}")
 
     # plan_compress_prefill_kernel_1: the state-ring translation.

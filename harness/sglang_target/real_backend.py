@@ -69,6 +69,7 @@ _MODEL_CONFIG = "sglang.srt.configs.model_config"
 _RADIX = "sglang.srt.layers.radix_attention"
 _INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
 _FLASH_MLA_WRAPPER = "sglang.kernels.ops.attention.flash_mla_interface"
+_NGRAM = "sglang.srt.model_executor.model_runner_components.ngram_embedding_manager"
 
 _prepared: list[str] = []
 
@@ -161,6 +162,11 @@ class RealDsv4:
             page_size=PAGE_SIZE, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
             hisparse_coordinator=object() if hisparse else None, spec_algorithm=spec_algorithm, is_draft_worker=False,
             server_args=server_args)
+        self.model_config = runner.model_config
+        # The model runner's n-gram embedding manager as `NgramEmbeddingManager.from_model` makes it for a model
+        # without n-gram embeddings (DSV4): off. The graph runner's capture reads it.
+        self.ngram_embedding_manager = importlib.import_module(_NGRAM).NgramEmbeddingManager(
+            enabled=False, table=None, n=0)
         with switches(api):
             self.backend = api.backend_cls(runner)
         self._cuda_branch_attributes()

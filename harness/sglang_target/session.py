@@ -98,6 +98,7 @@ from harness.probe import Dispatch, Forward, GraphReplay, LazyBuild, MetadataReu
 from harness.sglang_target import server
 from harness.sglang_target.eager import EagerPath
 from harness.sglang_target.real_backend import RealDsv4, fixed_dims
+from harness.sglang_target.real_graph import RealGraphs
 from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, one_dp_rank,
                                             register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
@@ -421,7 +422,7 @@ class SglangModelRunner:
         self.device = "cuda" if device.kind == "cuda" else register_sim_device()
         self.device_module = torch.get_device_module(self.device)
         self.device_timer = None
-        self.support_pp, self.is_generation = False, True
+        self.support_pp, self.is_generation, self.is_draft_worker = False, True, False
         self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True)  # one pipeline stage
         self.graph_shared_output = None  # no logits buffer shared with the graphs: the harness has no logits
         # One decode-context-parallel rank, as the PR-era eager runner asks it (0.5.21's name, then 0.5.19's).
@@ -440,6 +441,10 @@ class SglangModelRunner:
             token_to_kv_pool=self.token_to_kv_pool, page_size=case.dims.page_size, device=self.device)
         if self.eager is not None:  # after the translator took the pool's own method
             self._note_fallback(self.token_to_kv_pool)
+            # What the graph runner's capture reads of its model runner: SGLang's own request pool and config.
+            real = self.eager.real
+            self.req_to_token_pool, self.model_config = real.req_to_token_pool, real.model_config
+            self.ngram_embedding_manager = real.ngram_embedding_manager
         self.model = HarnessModel(self)
         self.live_batch: Optional[ForwardBatch] = None  # the harness batch of the forward in flight
         self.replay_batch: Optional[ForwardBatch] = None  # its padded form during a graph replay
@@ -561,7 +566,8 @@ class SglangModelRunner:
         otherwise; a closure launched now runs later and calls them."""
         backend = self.attn_backend
         if self.real_batch:
-            replaced = {"init_forward_metadata": self.eager.init_forward_metadata}
+            replaced = {"init_forward_metadata": self.eager.init_forward_metadata,
+                        "prepare_forward_metadata_for_breakable_cuda_graph_replay": self.eager.prepare_bcg_replay}
         else:
             replaced = {"init_forward_metadata": self._init_forward_metadata,
                         "prepare_forward_metadata_for_breakable_cuda_graph_replay": self._prepare_bcg_replay,
@@ -636,7 +642,7 @@ class SglangModelRunner:
                 # the rest itself (it refuses target-verify).
                 replay = (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
                           and self.graph_runner.can_run_graph(batch))
-                self.real_batch = self.ran_real = not replay and self.runs_real(fb)
+                self.real_batch = self.ran_real = self.replays_real(fb) if replay else self.runs_real(fb)
                 with self._backend_for_batch():
                     if replay:
                         return self.graph_runner.execute(batch)
@@ -651,6 +657,12 @@ class SglangModelRunner:
         flags = self.case.flags
         return (self.eager is not None and fb.forward_mode in (HForwardMode.EXTEND, HForwardMode.MIXED)
                 and not flags.cp_active and not flags.hisparse)
+
+    def replays_real(self, fb: ForwardBatch) -> bool:
+        """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
+        run for real eagerly, replayed by the breakable graph with DSV4's captured metadata (`bcg`). The
+        tc_piecewise replay (`fresh`) still runs the harness's metadata and layers."""
+        return self.case.graph_contract == "bcg" and self.runs_real(fb)
 
     def run_model(self, fb: ForwardBatch, view, store_compressed=None) -> torch.Tensor:
         dims = self.case.dims
@@ -904,7 +916,13 @@ def _harness_graph_backend(base: type) -> type:
     def replay(self, shape_key, static_forward_batch, **kwargs):
         return self.harness_graphs.replay(shape_key, static_forward_batch, whole_model=not self.body_only)
 
-    return type(f"Harness{base.__name__}", (base,), {"replay": replay, "__doc__": _harness_graph_backend.__doc__})
+    def capture_one(self, shape_key, run_once, **kwargs):
+        """SGLang's capture of a bucket (`capture_one_shape`, real-backend buckets only) ends here: there is no
+        model for `run_once` to warm up and record; what the graph would hold is kept (`real_graph`)."""
+        self.harness_graphs.real.captured(shape_key)
+
+    return type(f"Harness{base.__name__}", (base,), {"replay": replay, "capture_one": capture_one,
+                                                      "__doc__": _harness_graph_backend.__doc__})
 
 
 class SglangPrefillGraphRunner:
@@ -925,6 +943,8 @@ class SglangPrefillGraphRunner:
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
         self.runner = self._real_runner()
+        # The buckets a batch of the real path replays (`SglangModelRunner.replays_real`): SGLang captures them.
+        self.real = RealGraphs(self.runner, model_runner) if model_runner.eager is not None else None
 
     def _real_runner(self):
         mods, mr = self.api.mods, self.mr
@@ -937,8 +957,10 @@ class SglangPrefillGraphRunner:
         backend.harness_graphs, backend.body_only = self, breakable
         tdev = self.mr.harness_device.torch_device
         max_bs = self.mr.session.sizes.max_reqs
+        runner.__dict__.update(self._capture_fields(runner) if mr.eager is not None else
+                               dict(model_runner=mr, device=mr.device))
         runner.__dict__.update(
-            model_runner=mr, device=mr.device, device_module=mr.device_module, backend=backend,
+            device_module=mr.device_module, backend=backend,
             prefill_backend_name=mods["graph_config"].Backend.BREAKABLE if breakable
             else mods["graph_config"].Backend.TC_PIECEWISE,
             capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
@@ -975,6 +997,19 @@ class SglangPrefillGraphRunner:
             self._prepare_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
         return runner
 
+    def _capture_fields(self, runner) -> dict:
+        """What SGLang's capture reads of its runner where it captures for real (`real_graph`): SGLang's
+        `BaseRunner.__init__` run on it (the DP ranks, the pipeline, the TBO plugin, the hidden-states mode), the
+        gathers as `PrefillCudaGraphRunner.__init__` asks them, and the tensors' device (SGLang's runner holds
+        "cuda"; the simulator's device module stays the model runner's)."""
+        mods, mr = self.api.mods, self.mr
+        with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
+            mods["base_runner"].BaseRunner.__init__(runner, mr)
+            graph_runner = mods["graph_runner"]
+            return dict(device=mr.harness_device.torch_device, require_mlp_tp_gather=graph_runner.require_mlp_tp_gather(),
+                        require_attn_tp_gather=graph_runner.require_attn_tp_gather(),
+                        dllm_attention=getattr(mr.attn_backend, "dllm_attention", None), _prefix_capture_variants=())
+
     def _order_registry_fill(self, registry) -> None:
         """The registry's `fill_from` (SGLang's copy of a batch into the static buffers, padding reset) runs
         as host work on the current stream, after the replays already queued there, as on CUDA."""
@@ -989,6 +1024,30 @@ class SglangPrefillGraphRunner:
         registry.fill_from = fill_from
 
     def _prepare_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
+        if self.mr.real_batch:
+            return self._prepare_real_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
+        return self._prepare_harness_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
+
+    def _padded(self, static_forward_batch, bucket: int) -> ForwardBatch:
+        """The live harness batch with the model's activations padded as SGLang pads them, and positions,
+        out_cache_loc and input_ids the registry's static buffers that `load_batch` filled."""
+        return dataclasses.replace(pad_forward_batch(self.mr.live_batch, bucket),
+                                   positions=static_forward_batch.positions,
+                                   out_cache_loc=static_forward_batch.out_cache_loc,
+                                   input_ids=static_forward_batch.input_ids)
+
+    def _prepare_real_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
+        """A bucket of the real path: captured by SGLang on first use (`real_graph.RealGraphs`), its static
+        inputs loaded, then SGLang's own replay prep (the backend's refresh and its resolver)."""
+        mr, bucket = self.mr, shape_key.size
+        padded = self._padded(static_forward_batch, bucket)
+        self.real.ensure(bucket, padded)
+        self.real.load_inputs(bucket, padded)
+        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
+        mr.replay_batch = padded
+        return real_prepare(forward_batch, static_forward_batch, shape_key)
+
+    def _prepare_harness_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
         """Entered from SGLang's `load_batch` once the static batch exists: the harness's side of the bucket
         (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
         real `_prepare_forward_metadata_for_replay`. The padded batch is the live harness batch with the
@@ -996,9 +1055,7 @@ class SglangPrefillGraphRunner:
         registry's static buffers that `load_batch` filled. `shape_key`: the bucket's ShapeKey (0.5.23) or its
         token count (the PR-era releases)."""
         mr, bucket = self.mr, getattr(shape_key, "size", shape_key)
-        padded = dataclasses.replace(pad_forward_batch(mr.live_batch, bucket), positions=static_forward_batch.positions,
-                                     out_cache_loc=static_forward_batch.out_cache_loc,
-                                     input_ids=static_forward_batch.input_ids)
+        padded = self._padded(static_forward_batch, bucket)
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
         mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
@@ -1011,6 +1068,9 @@ class SglangPrefillGraphRunner:
         captures the logits too), the body's hidden states for the breakable backend."""
         mr = self.mr
         mr.bridge_delay()
+        if mr.real_batch:  # the breakable graph's body: captured segments and SGLang's forward
+            out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[shape_key.size])
+            return out.transpose(0, 1)
         out = mr.run_model(mr.replay_batch, static_forward_batch,
                            store_compressed=self.graphs.replay_store(shape_key.size)).transpose(0, 1)
         return mr.model.logits_output(out) if whole_model else out
@@ -1024,7 +1084,8 @@ class SglangPrefillGraphRunner:
         """`live`: the real ForwardBatch the forward context holds."""
         mr = self.mr
         try:
-            output = self.runner.execute(live)
+            with self.real.replaying() if mr.real_batch else contextlib.nullcontext():
+                output = self.runner.execute(live)
         finally:
             mr.replay_batch, mr.replay_static = None, None
         return output.hidden_states.transpose(0, 1)

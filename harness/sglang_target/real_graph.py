@@ -1,0 +1,119 @@
+"""A breakable prefill-graph replay (the `bcg` contract, DSV4's captured metadata) of SGLang 0.5.23 through the
+real DSV4 backend: SGLang captures the bucket and plans its metadata, the harness keeps what a CUDA graph keeps.
+
+What runs, all SGLang's own code (`prefill_cuda_graph_runner.py` unless named):
+
+- capture, once per bucket: `PrefillCudaGraphRunner.capture_one_shape` -> `capture_prepare` (the dummy batch over
+  the runner's static buffers and registry slots, SGLang's `TboCudaGraphRunnerPlugin`, the translator's
+  `bind_runner_slots`) -> `_init_forward_metadata_for_capture` -> the backend's
+  `init_forward_metadata_for_breakable_cuda_graph_capture` (the bucket's metadata, kept by the runner in
+  `attn_metadata_buffers`) -> the graph backend's `capture_one`;
+- replay: `load_batch` -> `_prepare_forward_metadata_for_replay` -> the backend's
+  `prepare_forward_metadata_for_breakable_cuda_graph_replay` (the captured metadata refreshed in place from a
+  fresh plan of the static batch, the SWA write locations re-translated into it) and its resolver; then
+  `_execute_body_capture` -> the graph backend's `replay`, which runs the body: per layer the captured segments
+  and, as the breakable graph's eager segment, the backend's own `forward` over the captured metadata.
+
+The harness's, and why: the graph backend's `capture_one` (there is no model to warm up and record, so nothing of
+`run_once` runs) keeps what a CUDA graph of the body would hold: the bucket's static model inputs (the compressed
+latents and indexer keys the harness's model makes) and the captured metadata's tensors as they were bound at
+capture (`bound_at_capture`). The captured segments (each layer's compressor store and indexer top-k,
+`eager.EagerPath`) read those, as captured kernels read the addresses they were recorded with: a refresh that
+re-binds a field instead of copying into it leaves them reading the capture's tensor, as on a GPU.
+
+SGLang captures every bucket at start-up, before any request; the harness captures a bucket when the first
+replay asks for it, so the capture's host work (it reads the dummy batch's rows of the request table) is not
+observed: at start-up it cannot race with anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# Nested objects of the metadata a captured segment reads through (DSV4Metadata -> DSV4AttnMetadata,
+# the indexer's metadata, the compressor plans): copied down to this depth, their tensors kept by reference.
+_CAPTURE_DEPTH = 3
+
+
+def bound_at_capture(value: Any, depth: int = _CAPTURE_DEPTH) -> Any:
+    """`value` as a captured graph holds it: every object down to `depth` copied (so a later re-binding of one
+    of its fields is not seen), every tensor the same tensor (so an in-place refresh of it is)."""
+    if depth == 0 or isinstance(value, (torch.Tensor, type)) or not hasattr(value, "__dict__"):
+        return value
+    held = copy.copy(value)
+    for name, field in vars(value).items():
+        if hasattr(field, "__dict__") and not isinstance(field, (torch.Tensor, type)) and not callable(field):
+            object.__setattr__(held, name, bound_at_capture(field, depth - 1))
+    return held
+
+
+@dataclasses.dataclass
+class CapturedBucket:
+    """What the captured graph of one bucket holds: the captured metadata as bound at capture, and the static
+    model inputs (the harness model's compressed latents and indexer keys for the bucket's rows)."""
+
+    metadata: Any
+    compressed_new: torch.Tensor | None = None
+    index_k_new: torch.Tensor | None = None
+
+
+class RealGraphs:
+    """The real-backend buckets of one session's breakable prefill-graph runner. `runner`: SGLang's
+    `PrefillCudaGraphRunner` object the session drives; `model_runner`: the session's model runner."""
+
+    def __init__(self, runner, model_runner):
+        self.runner, self.mr = runner, model_runner
+        self.metadata_buffers: dict = {}  # SGLang's `attn_metadata_buffers` while a real replay runs
+        self.buckets: dict[int, CapturedBucket] = {}
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        """The runner's captured-metadata dict is the real buckets' for this batch (another batch of the session,
+        on the harness's path, has its own)."""
+        runner = self.runner
+        saved, runner.attn_metadata_buffers = runner.attn_metadata_buffers, self.metadata_buffers
+        try:
+            yield
+        finally:
+            runner.attn_metadata_buffers = saved
+
+    def ensure(self, bucket: int, padded) -> CapturedBucket:
+        """The bucket, captured by SGLang's `capture_one_shape` on its first use; its static inputs sized from
+        `padded` (the live batch padded to the bucket)."""
+        if bucket not in self.buckets:
+            mr = self.mr
+            observer = mr.harness_device.observer
+            with (observer.suspended() if observer is not None else contextlib.nullcontext()), mr.eager.sglang():
+                self.runner.capture_one_shape(bucket)
+            if bucket not in self.buckets:
+                raise RuntimeError(f"SGLang's capture_one_shape({bucket}) did not call the graph backend's capture_one")
+            held = self.buckets[bucket]
+            held.compressed_new = torch.zeros_like(padded.compressed_new)
+            held.index_k_new = torch.zeros_like(padded.index_k_new)
+        return self.buckets[bucket]
+
+    def captured(self, shape_key) -> None:
+        """The graph backend's `capture_one`: the metadata SGLang just planned for the bucket, as captured."""
+        metadata = self.metadata_buffers.get(shape_key)
+        if metadata is None:
+            raise RuntimeError(f"capture of {shape_key}: SGLang planned no captured metadata for it")
+        self.buckets[shape_key.size] = CapturedBucket(bound_at_capture(metadata))
+
+    def load_inputs(self, bucket: int, padded) -> None:
+        """`load_batch`'s copy of the model's inputs into the bucket's static buffers, on the forward stream."""
+        held = self.buckets[bucket]
+
+        def load():
+            held.compressed_new.copy_(padded.compressed_new)
+            held.index_k_new.copy_(padded.index_k_new)
+
+        self.mr.harness_device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
+
+
+__all__ = ["CapturedBucket", "RealGraphs", "bound_at_capture"]
