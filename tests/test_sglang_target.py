@@ -31,7 +31,7 @@ from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.sglang_target._api import load_api  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402
-from harness.targets.protocol import Forward, LazyBuild, Publish, Snapshot  # noqa: E402
+from harness.targets.protocol import Forward, GraphReplay, LazyBuild, Publish, Snapshot  # noqa: E402
 
 # The sizes the installed release's cases run at (0.5.23's backend asserts DSV4's page, head_dim and top-k).
 FIXED_DIMS = tuple(fixed_dims(load_api()).items())
@@ -77,8 +77,8 @@ def test_the_summary_lists_what_the_real_forward_runs_on_stood_in(target, harnes
     """Where an eager batch runs SGLang's forward (0.5.23, the CPU), the compiled code it reaches is stood in by
     an implementation of its contract, and the summary says so, each with where it is implemented."""
     rows = {row["module"]: row["reason"] for row in target.stand_ins}
-    if harness_device != "cpu":
-        assert not any(name.startswith("flash_mla") for name in rows)
+    if harness_device != "cpu":  # SGLang's CUDA JIT kernels compile and run there
+        assert not any("_jit_" in name for name in rows), rows
         return
     assert "harness/sglang_target/flash_mla.py" in rows["flash_mla"]
     assert "jit_kernels.py" in rows["sglang.kernels.ops.attention.dsv4.attn._jit_fused_store_module"]
@@ -416,8 +416,6 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
     metadata field (`_fresh_metadata` never runs)."""
     from harness.sglang_target.session import SglangModelRunner
 
-    if harness_device != "cpu":
-        pytest.skip("the real backend runs on the CPU simulator only (its CUDA run is not checked yet)")
     mods, backend_cls = target.api.mods, target.api.backend_cls
     calls = []
     entries = [(mods["graph_runner"].PrefillCudaGraphRunner, "capture_one_shape"),
@@ -437,6 +435,19 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
     assert calls.count("prepare_forward_metadata_for_breakable_cuda_graph_replay") == 2 * calls.count("capture_one_shape")
     assert calls.count("forward") == layers * calls.count("prepare_forward_metadata_for_breakable_cuda_graph_replay")
     assert calls.count("capture_one_shape") >= 1 and "_fresh_metadata" not in calls
+
+
+def test_a_breakable_bucket_wider_than_the_request_table_is_captured_in_requests_that_fit(target, harness_device):
+    """SGLang captures a bucket as requests of at most the model's context length, which its request table spans;
+    the harness's table is as wide as the case's longest request (256 here), so the capture's requests are cut to
+    it (the runner's max context). A bucket of 1024 tokens was once captured as one 1024-token request: SGLang's
+    own metadata build refused it (found by a CUDA campaign)."""
+    requests = tuple(Request(0, 90) for _ in range(9))  # 810 tokens, each request within one 256-token page
+    case = Case(dims=dataclasses.replace(DIMS, layer_ratios=(4,)), graph_contract="bcg",
+                batches=(Batch(requests=requests, graph=True, mutations=(REWRITE,)),))
+    result = run_case(target, case, harness_device, target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+    assert notes(result, GraphReplay)[0].bucket > 256
 
 
 def test_a_captured_segment_keeps_the_tensors_bound_at_capture():

@@ -494,7 +494,7 @@ class SglangModelRunner:
         The backend's fallback translation through the live mapping is noted (`SwaLocFallback`), as the pool
         stand-in notes it for the object-built backend."""
         session = self.session
-        if not self.api.generation.real_backend or self.harness_device.kind != "cpu":
+        if not self.api.generation.real_backend:
             return None
         dims, pool = self.case.dims, session.token_to_kv_pool
         real = RealDsv4(self.api, req_to_token=session.req_to_token_pool.req_to_token,
@@ -964,7 +964,8 @@ class SglangPrefillGraphRunner:
             prefill_backend_name=mods["graph_config"].Backend.BREAKABLE if breakable
             else mods["graph_config"].Backend.TC_PIECEWISE,
             capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
-            max_bs=max_bs, max_context_size=None, max_seq_len=None, enable_cp_bcg_capture=False,
+            max_bs=max_bs, max_context_size=self._max_context_size(breakable), max_seq_len=None,
+            enable_cp_bcg_capture=False,
             enable_cp_v2_bcg_capture=False,  # 0.5.19's name of enable_cp_bcg_capture
             prefill_cp_bcg_input=None, enable_lora=False, _capture_lora=False, is_multimodal=False,
             is_dsv41_model=False, _use_draft_input_embeds=False, static_draft_hidden_states=None,
@@ -996,6 +997,16 @@ class SglangPrefillGraphRunner:
             lambda forward_batch, static_forward_batch, shape_key:
             self._prepare_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
         return runner
+
+    def _max_context_size(self, breakable: bool) -> Optional[int]:
+        """`--cuda-graph-prefill-max-context` (`prefill_config.max_context_size`): unset, but where SGLang captures
+        the breakable graph itself (`real_graph`), the request table's width. SGLang sizes that table at the
+        model's context length, and its capture splits a bucket into requests of at most that length; the
+        harness's table is only as wide as the case's longest request, so the bucket's capture requests are cut
+        to it (DSV4's backend supports the fixed context). No drawn batch is longer: it changes no replay."""
+        if breakable and self.mr.eager is not None:
+            return self.mr.session.sizes.max_context
+        return None
 
     def _capture_fields(self, runner) -> dict:
         """What SGLang's capture reads of its runner where it captures for real (`real_graph`): SGLang's
