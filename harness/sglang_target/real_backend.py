@@ -1,4 +1,5 @@
-"""SGLang 0.5.23's DSV4 attention backend and KV pool as the sglang target runs them for an eager EXTEND batch:
+"""SGLang 0.5.23's DSV4 attention backend and KV pool as the sglang target runs them for an eager EXTEND batch (and
+its breakable graph replay, `real_graph.py`):
 built by their own `__init__`s over the session's tables, planned by the backend's own `init_forward_metadata`
 and called per layer through its own `forward`; and the seams where the harness's model (everything above the
 attention backend) meets them. `session.py` drives them on the harness's device.
@@ -20,10 +21,11 @@ What runs, all SGLang's own code (0.5.23 file: entry point):
 - `layers/attention/dsv4/indexer.py`: `topk_transform_pytorch_vectorized`, the indexer's last step (top-k ->
   compressed-pool slots through the metadata's page table) as SGLang's torch top-k backend runs it.
 
-Stood in, each because it cannot load on a host without a GPU, in `flash_mla.py` and `jit_kernels.py` (each op
-with its source of truth and a test against its contract): FlashMLA (`get_mla_metadata`, `flash_mla_sparse_fwd`,
-`flash_mla_with_kvcache`); the CUDA JIT KV store (`store.cuh`) and the CUDA JIT compressor planner (`c_plan.cuh`),
-with `compress.py`'s pinned scratch unpinned.
+Stood in, each because it cannot load here, in `flash_mla.py` and `jit_kernels.py` (each op with its source of
+truth and a test against its contract): FlashMLA (`get_mla_metadata`, `flash_mla_sparse_fwd`,
+`flash_mla_with_kvcache`) wherever the sgl-flash-mla wheel does not load (on the GPU machine too); on a host
+without a GPU the CUDA JIT KV store (`store.cuh`) and the CUDA JIT compressor planner (`c_plan.cuh`), with
+`compress.py`'s pinned scratch unpinned (on a GPU SGLang's own JIT kernels compile and run).
 
 Set, as SGLang's own server sets them on a GPU without DeepGEMM (`arg_groups/model_hook.py`, SM120):
 `SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1` (no `deep_gemm` schedule in `PagedIndexerMetadata`) and

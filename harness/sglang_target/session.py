@@ -2,14 +2,18 @@
 
 Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
-- an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND) on the CPU simulator, with
-  neither CP nor HiSparse, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's own
-  `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer its
-  `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
-  `eager.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
-- every other batch (graph replays, decode, verify and draft-extend batches, CP and HiSparse cases, any batch on
-  CUDA until the real forward is checked there, every batch of a PR-era release) runs the harness's metadata
-  and layers over the same backend object, as listed under "Replaced" below.
+- on 0.5.23, an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND) with neither CP
+  nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's
+  own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer
+  its `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
+  `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in where its wheel does not load).
+  Such a batch replayed by the breakable graph (`bcg`) does too: SGLang captures the bucket
+  (`capture_one_shape`, the backend's capture init) and refreshes it per replay (the backend's own prep), the
+  captured segments read what the capture bound (`real_graph.py`). Its KV is in SGLang's pool, which
+  `kv_state` decodes;
+- every other batch (tc_piecewise graph replays, decode, verify and draft-extend batches, CP and HiSparse cases,
+  every batch of a PR-era release) runs the harness's metadata and layers over the same backend object, as
+  listed under "Replaced" below.
 
 Real SGLang code on both paths, called on objects that carry what it reads (each entry point by file and
 function):
@@ -49,15 +53,19 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   SGLang's backend; on the other path they also attend, fed with the real metadata and chunk cache, FlashMLA
   (`flash_mla_sparse_fwd`) replaced by the harness's sparse kernel over the real combined indices;
 - on the other path only: `init_forward_metadata` / `prepare_forward_metadata_for_breakable_cuda_graph_replay`
-  (the real ones for a graph replay are phase 2 of issue 27): the harness fills the real `DSV4AttnMetadata`'s
+  (the real ones run for an eager batch and a breakable replay of the real path): the harness fills the real
+  `DSV4AttnMetadata`'s
   fields from its own gathers; the copy into a graph's static metadata and the breakable-graph refresh are
   SGLang's own methods; `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a
   launched operation on the forward stream, so on the simulator it reads the tables when the stream reaches it;
   a PR-era release's backend is built without its `__init__` over the harness's pool (`PoolShim`);
 - the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
-  `replay` runs the harness's layers over SGLang's static batch, with captured KV stores that keep the
-  capture's tensors (`CapturedGraphs`); a bucket is captured when SGLang's replay first asks for it, from
-  that batch, where SGLang captures every bucket at start-up from dummy batches;
+  `replay` runs the layers over SGLang's static batch; on the other path the harness's, with captured KV stores
+  that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
+  segments of `real_graph.py`; its `capture_one` keeps what a graph holds, where SGLang's `capture_one_shape`
+  captures (the real path). A bucket is captured when SGLang's replay first asks for it, where SGLang captures
+  every bucket at start-up; the runner's `__init__` is not run (it captures every bucket through the model),
+  the runner is built with the fields it sets, its `BaseRunner.__init__` run;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
   DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True); no test compares
@@ -312,8 +320,8 @@ class SglangSession(ReferenceSession):
                                    req_pool_indices=fb.req_pool_indices.to(torch.int64))
 
     def kv_state(self) -> dict[str, torch.Tensor]:
-        """The KV the last forward wrote: SGLang's pool, decoded, after an eager EXTEND batch; the harness's
-        pools after any other (a graph replay, a decode, ... run the harness's layers)."""
+        """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
+        pools after any other (a tc_piecewise replay, a decode, ... run the harness's layers)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
@@ -489,8 +497,8 @@ class SglangModelRunner:
 
     def _real_backend(self) -> Optional[EagerPath]:
         """SGLang's pools and backend over the session's tables (`real_backend.RealDsv4`), with the path that runs
-        an eager EXTEND batch through them; None where the release's backend does not run for real, or on CUDA,
-        where the real forward is not yet checked (its batches run the harness's layers, as graph replays do).
+        an eager EXTEND batch (and its breakable replay) through them; None where the release's backend does not
+        run for real (the PR-era releases).
         The backend's fallback translation through the live mapping is noted (`SwaLocFallback`), as the pool
         stand-in notes it for the object-built backend."""
         session = self.session
