@@ -4,11 +4,14 @@ does, so that an event SGLang records on the wrong stream orders nothing and the
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
 from harness.device import SimDevice
-from harness.sglang_target.platform import SIM_BACKEND, SimDeviceModule, SimStream, register_sim_device
+from harness.sglang_target.platform import (SIM_BACKEND, SimDeviceModule, SimStream, bound_heap_growth,
+                                            register_sim_device)
 
 
 def _program(record_on_schedule: bool):
@@ -83,3 +86,12 @@ def test_a_stream_sglang_creates_during_a_step_is_a_tracked_harness_stream():
     device.synchronize()
     assert device.tracker.conflicts == []
     assert torch.cuda.Stream is real  # restored after the step
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the heap bound is glibc's mallopt")
+def test_the_heap_bound_applies_under_glibc():
+    """`bound_heap_growth` fixes glibc's mmap threshold (DSV4-sized CPU campaigns ran out of memory without it);
+    the target applies it when it is built, so it must say it applied where glibc is the libc."""
+    assert bound_heap_growth() is True
+    big = torch.empty(64 * 2**20, dtype=torch.uint8)  # still allocates and frees as before
+    del big

@@ -29,6 +29,7 @@ from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.sglang_target._api import load_api  # noqa: E402
+from harness.sglang_target import real_backend  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets.protocol import Forward, GraphReplay, LazyBuild, Publish, Snapshot  # noqa: E402
@@ -77,8 +78,9 @@ def test_the_summary_lists_what_the_real_forward_runs_on_stood_in(target, harnes
     """Where an eager batch runs SGLang's forward (0.5.23, the CPU), the compiled code it reaches is stood in by
     an implementation of its contract, and the summary says so, each with where it is implemented."""
     rows = {row["module"]: row["reason"] for row in target.stand_ins}
-    if harness_device != "cpu":  # SGLang's CUDA JIT kernels compile and run there
+    if harness_device != "cpu":  # SGLang's CUDA JIT kernels compile and run there; FlashMLA where its wheel loads
         assert not any("_jit_" in name for name in rows), rows
+        assert ("flash_mla" in rows) != real_backend._flash_mla_loads(), rows
         return
     assert "harness/sglang_target/flash_mla.py" in rows["flash_mla"]
     assert "jit_kernels.py" in rows["sglang.kernels.ops.attention.dsv4.attn._jit_fused_store_module"]

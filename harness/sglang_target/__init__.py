@@ -26,10 +26,13 @@ A PR-era release (0.5.19, 0.5.20, 0.5.21) takes `requirements-cpu-pr.txt` instea
 
 from __future__ import annotations
 
+import gc
+
 from harness.case import Case
 from harness.sglang_target import differential
 from harness.sglang_target._api import SglangApi, load_api
 from harness.sglang_target.classes import sglang_classes
+from harness.sglang_target.platform import bound_heap_growth
 from harness.sglang_target.real_backend import fixed_dims, stand_in_rows
 from harness.sglang_target.session import SglangSession
 from harness.targets.protocol import Target
@@ -41,6 +44,7 @@ class SglangTarget(Target):
 
     def __init__(self):
         self.api: SglangApi = load_api()
+        bound_heap_growth()  # DSV4-sized cases fragment glibc's heap otherwise (see there)
         self.name = f"sglang-{self.api.version}"
         self.version = self.api.version
         self.semantics = self.api.semantics
@@ -52,11 +56,19 @@ class SglangTarget(Target):
         # Where the release's backend runs for real, it asserts DSV4's page size, head_dim and top-k.
         self.fixed_dims = fixed_dims(self.api)
         self.stand_ins = self.api.stand_ins.describe()  # compiled extensions that could not load, stood in
-        if self.api.generation.real_backend and self.api.kernels_on == "cpu":  # where the real forward runs
+        if self.api.generation.real_backend:  # where the real forward runs: FlashMLA, and without a GPU two JIT kernels
             self.stand_ins += stand_in_rows(self.api)
         self._contract_breaks: list[str] | None = None
+        # What is alive now (sglang and torch imported, the published server: some 700,000 objects) stays; the
+        # collection before each session then walks only what the cases made (see `open`).
+        gc.freeze()
 
     def open(self, case: Case, device):
+        """A session holds SGLang's pools, backend and runners in reference cycles (a runner and its model
+        runner point at each other), at DSV4's sizes up to gigabytes; Python's cycle collector reaches an old
+        session only rarely, so a campaign's memory grew by a session a case until it was killed out of memory
+        (a 3000-token case: 1 GB a case). The previous sessions are collected before each new one."""
+        gc.collect()
         return SglangSession(self.api, case, device)
 
     def contract_breaks(self) -> list[str]:
