@@ -106,14 +106,18 @@ class RealGraphs:
         self.buckets[shape_key.size] = CapturedBucket(bound_at_capture(metadata))
 
     def load_inputs(self, bucket: int, padded) -> None:
-        """`load_batch`'s copy of the model's inputs into the bucket's static buffers, on the forward stream."""
-        held = self.buckets[bucket]
-
-        def load():
-            held.compressed_new.copy_(padded.compressed_new)
-            held.index_k_new.copy_(padded.index_k_new)
-
-        self.mr.harness_device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
+        load_static_inputs(self.mr.harness_device, self.buckets[bucket], padded)
 
 
-__all__ = ["CapturedBucket", "RealGraphs", "bound_at_capture"]
+def load_static_inputs(device, held, padded) -> None:
+    """`load_batch`'s copy of the model's inputs (`padded`'s compressed latents and indexer keys) into a bucket's
+    static buffers (`held`'s, a captured graph's), launched on the current stream (the forward stream)."""
+
+    def load():
+        held.compressed_new.copy_(padded.compressed_new)
+        held.index_k_new.copy_(padded.index_k_new)
+
+    device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
+
+
+__all__ = ["CapturedBucket", "RealGraphs", "bound_at_capture", "load_static_inputs"]

@@ -106,7 +106,7 @@ from harness.probe import Dispatch, Forward, GraphReplay, LazyBuild, MetadataReu
 from harness.sglang_target import server
 from harness.sglang_target.eager import EagerPath
 from harness.sglang_target.real_backend import RealDsv4, fixed_dims
-from harness.sglang_target.real_graph import RealGraphs
+from harness.sglang_target.real_graph import RealGraphs, load_static_inputs
 from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, one_dp_rank,
                                             register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
@@ -890,13 +890,7 @@ class CapturedGraphs:
         self.layers[bucket] = graphs
 
     def load_inputs(self, bucket: int, padded: ForwardBatch) -> None:
-        static = self.inputs[bucket]
-
-        def load():
-            static.compressed_new.copy_(padded.compressed_new)
-            static.index_k_new.copy_(padded.index_k_new)
-
-        self.mr.harness_device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
+        load_static_inputs(self.mr.harness_device, self.inputs[bucket], padded)
 
     def replay_store(self, bucket: int):
         return lambda layer: self.mr.harness_device.replay(self.layers[bucket][layer])
