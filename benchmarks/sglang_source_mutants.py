@@ -55,10 +55,25 @@ class SourceMutant:
     new: str
     description: str
     also: tuple[tuple[str, str], ...] = ()  # further edits of the same file, for a change of two places
+    # Why no run of this release's DSV4 prefill path can reach the edit (then the row is listed, not run); empty:
+    # reachable, and run.
+    unreachable: str = ""
 
     @property
     def edits(self) -> tuple[tuple[str, str], ...]:
         return ((self.old, self.new),) + self.also
+
+
+# Rows of the 0.5.23 table whose edit no DSV4 prefill run of that release reaches (0.5.22 removed the tc_piecewise
+# prefill backend, and DSV4's breakable graph replays its captured metadata): listed with the reason, not run.
+UNREACHABLE_FRESH = ("the runner's fresh-metadata branch (`not self.use_captured_attn_metadata`): DSV4 sets "
+                     "use_captured_forward_metadata_for_breakable_cuda_graph, and tc_piecewise was removed in 0.5.22")
+UNREACHABLE_BCG_READ_END = ("DSV4's breakable replay resolves with build_snapshot=False, which returns "
+                            "shared_read_ends(EXTEND) and never reads num_qo_tokens")
+UNREACHABLE_COPY_CACHE = ("DSV4Metadata.copy_ runs only for decode, verify and draft-extend graph replays "
+                          "(replay_cuda_graph_metadata_from), whose metadata never holds a sparse-prefill chunk cache")
+UNREACHABLE_COPY_DECODE = ("DSV4AttnMetadata.copy_ runs only for decode, verify and draft-extend graph replays "
+                           "(replay_cuda_graph_metadata_from): the decode graph runner, which this harness does not drive")
 
 
 MUTANTS = (
@@ -79,7 +94,8 @@ MUTANTS = (
     SourceMutant("copy_keeps_cache", BACKEND,
                  "        )\n        self.sparse_prefill_cache = None\n\n    def refresh_for_breakable_cuda_graph_replay_(",
                  "        )\n\n    def refresh_for_breakable_cuda_graph_replay_(",
-                 "DSV4Metadata.copy_ (graph metadata reused) keeps the previous batch's chunk cache"),
+                 "DSV4Metadata.copy_ (graph metadata reused) keeps the previous batch's chunk cache",
+                 unreachable=UNREACHABLE_COPY_CACHE),
     SourceMutant("refresh_keeps_cache", BACKEND,
                  "                src=static_metadata.c128_compress_metadata,\n            )\n"
                  "        self.sparse_prefill_cache = None\n",
@@ -117,7 +133,8 @@ MUTANTS = (
     SourceMutant("replay_skips_snapshot", GRAPH_RUNNER,
                  "                attn_backend.init_forward_metadata(forward_batch)\n                build_snapshot = True\n",
                  "                attn_backend.init_forward_metadata(forward_batch)\n",
-                 "graph replay never builds the snapshot (the fast path is lost)"),
+                 "graph replay never builds the snapshot (the fast path is lost)",
+                 unreachable=UNREACHABLE_FRESH),
     SourceMutant("swa_gather_shifted", KERNELS,
                  "        pos = first_pos + i\n", "        pos = first_pos + i + 1\n",
                  "the Triton SWA gather reads each window one position late"),
@@ -183,7 +200,8 @@ MUTANTS = (
                  "DSV4AttnMetadata.copy_ re-binds c4_out_loc, which captured kernels read by address (R18's class)",
                  also=(('                "swa_out_cache_loc",\n                "c0_flashmla_metadata",\n',
                         '                "swa_out_cache_loc",\n                "c4_out_loc",\n'
-                        '                "c0_flashmla_metadata",\n'),)),
+                        '                "c0_flashmla_metadata",\n'),),
+                 unreachable=UNREACHABLE_COPY_DECODE),
     SourceMutant("refresh_assigns_c4_out_loc", BACKEND,
                  '"positions_casual",\n            "c4_out_loc",\n            "c128_out_loc",\n',
                  '"positions_casual",\n            "c128_out_loc",\n',
@@ -214,7 +232,8 @@ MUTANTS = (
     SourceMutant("replay_snapshot_at_live_count", GRAPH_RUNNER,
                  "            num_qo_tokens=shape_key.size,\n            build_snapshot=build_snapshot,\n",
                  "            num_qo_tokens=len(forward_batch.input_ids),\n            build_snapshot=build_snapshot,\n",
-                 "graph replay snapshots at the live token count, not the padded bucket the replay runs"),
+                 "graph replay snapshots at the live token count, not the padded bucket the replay runs",
+                 unreachable=UNREACHABLE_BCG_READ_END),
     # -- the backend's own metadata init and forward (issue 27: run for real on an eager EXTEND batch)
     SourceMutant("prefill_sparse_always_lazy", BACKEND,
                  "        q_flat = q.squeeze(1)\n\n        cache = self.forward_metadata.sparse_prefill_cache\n",
@@ -476,6 +495,11 @@ def main() -> int:
             print("error: the unmutated copy is not clean, so no mutant can be judged", file=sys.stderr)
             return 1
         for mutant in chosen:
+            if mutant.unreachable:  # listed, with the reason, never counted as found
+                rows.append({"name": mutant.name, "file": mutant.file, "description": mutant.description,
+                             "outcome": "UNREACHABLE", "reason": mutant.unreachable})
+                print(f"{mutant.name:30} UNREACHABLE (not run): {mutant.unreachable}", flush=True)
+                continue
             apply(root, mutant, original)
             try:
                 row = campaign(root, mutant.name, args, out)
@@ -487,12 +511,13 @@ def main() -> int:
                   f"{row.get('finding') or row.get('stderr_tail', [''])[-1]}", flush=True)
     # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
-    print(f"\n{killed}/{len(rows)} source mutants found; clean copy: "
-          + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean copy returned above
+    ran = [r for r in rows if r["outcome"] != "UNREACHABLE"]
+    print(f"\n{killed}/{len(ran)} source mutants found ({len(rows) - len(ran)} unreachable in this release, not run); "
+          "clean copy: " + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean one returned above
     with open(args.out, "w") as fh:
         json.dump({"sglang": installed, "device": args.device, "examples": args.examples, "seeds": not args.no_seeds,
                    "clean": clean, "rows": rows}, fh, indent=1)
-    return 0 if killed == len(rows) else 1
+    return 0 if killed == len(ran) else 1
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.conjecture.engine import ConjectureRunner
 
+from harness.case import GRAPH_CONTRACTS
 from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
@@ -206,7 +207,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     # The seeds count as examples: --examples N runs N cases in all.
     without = without | getattr(target, "cannot_run", frozenset())
     dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))
-    chosen_seeds = seed_cases(semantics, without, dims)[: max(0, base["max_examples"] - 1)] if seeds else []
+    contracts = getattr(target, "graph_contracts", GRAPH_CONTRACTS)
+    chosen_seeds = (seed_cases(semantics, without, dims, contracts)[: max(0, base["max_examples"] - 1)]
+                    if seeds else [])
     base["max_examples"] -= len(chosen_seeds)
     db = None if base["derandomize"] else open_database(database_dir, shared_databases)
     if from_db and db is None:
@@ -322,7 +325,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
 
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
                   print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile], without=without, dims=dims),
+        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile], without=without, dims=dims,
+                          contracts=contracts),
                schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
             handle(case, schedule, partitioned=partitioned)  # the same code in every pass: one derandomized stream

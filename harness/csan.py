@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 
+from harness.case import GRAPH_CONTRACTS
 from harness.engine import run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.kernels import sparse_attention_for
@@ -140,11 +141,12 @@ def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23",
     observer = CsanObserver()
     judged: list[Opinions] = []
     dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))  # the sizes the target runs at
-    seeds = seed_cases(semantics, dims=dims)[:examples]
+    contracts = getattr(target, "graph_contracts", GRAPH_CONTRACTS)  # and the graph contracts it has
+    seeds = seed_cases(semantics, dims=dims, contracts=contracts)[:examples]
 
     @settings(max_examples=max(1, examples - len(seeds)), derandomize=True, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=cases(semantics, dims=dims))
+    @given(case=cases(semantics, dims=dims, contracts=contracts))
     def one(case):
         if len(judged) < examples:
             judged.append(judge_with_csan(observer, target, case, target_spec=target_spec, mutant=mutant))

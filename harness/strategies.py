@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from harness.case import MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
+from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
 from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
@@ -214,19 +214,31 @@ def threshold_batch(draw, *, hisparse: bool) -> Batch:
 
 
 def cases(semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFILE_BUDGETS["ci"],
-          without: frozenset[str] = frozenset(), dims: tuple[tuple[str, object], ...] = ()):
+          without: frozenset[str] = frozenset(), dims: tuple[tuple[str, object], ...] = (),
+          contracts: tuple[str, ...] = GRAPH_CONTRACTS):
     """Cases; `large` lets some examples reach SGLang's sizes (the threshold, the bucket edges, every
     decade of tokens) within `budget` (tokens x layers x heads); `without`: switches never turned on (the
     target's `cannot_run`); `dims`: (field, value) pairs every case's `Dims` takes (the target's
-    `fixed_dims`), set after the draw, so the choices drawn, and a target's stream, stay those of the
-    default sizes."""
+    `fixed_dims`); `contracts`: the graph contracts the target has (its `graph_contracts`). Both are set
+    after the draw, so the choices drawn, and a target's stream, stay those of the default ones."""
     drawn = _cases(semantics, large=large, budget=budget, without=without)
-    return drawn.map(functools.partial(with_dims, dims=dims)) if dims else drawn
+    if dims:
+        drawn = drawn.map(functools.partial(with_dims, dims=dims))
+    if contracts != GRAPH_CONTRACTS:
+        drawn = drawn.map(functools.partial(with_contract, contracts=contracts))
+    return drawn
 
 
 def with_dims(case: Case, dims: tuple[tuple[str, object], ...]) -> Case:
     """`case` with these `Dims` fields set (a target's fixed sizes)."""
     return replace(case, dims=replace(case.dims, **dict(dims))) if dims else case
+
+
+def with_contract(case: Case, contracts: tuple[str, ...]) -> Case:
+    """`case` replayed under the first of `contracts` where its own is not among them: a target whose system
+    has one prefill-graph contract only (SGLang from 0.5.22 on: tc_piecewise removed, DSV4's breakable graph
+    replays its captured metadata) runs each drawn graph replay the way that system replays it."""
+    return case if case.graph_contract in contracts else replace(case, graph_contract=contracts[0])
 
 
 @st.composite
@@ -309,10 +321,10 @@ SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the race gates' deadli
 
 
 def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
-               dims: tuple[tuple[str, object], ...] = ()) -> list[Case]:
+               dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS) -> list[Case]:
     """The protocol's shapes (reference notes, section 6), tried before anything is drawn; `without`: leave out
-    the cases that turn one of these switches on (the target's `cannot_run`); `dims`: the target's fixed sizes
-    (`cases`).
+    the cases that turn one of these switches on (the target's `cannot_run`); `dims`, `contracts`: the target's
+    fixed sizes and graph contracts (`cases`).
 
     Random drawing reaches each of these, but only some of the time; a campaign that must not miss a
     whole class of bug starts from one case of each shape, then explores around and beyond them.
@@ -344,4 +356,5 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
              flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
              spec=S.DFLASH, dims=Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,), index_align=8)),
     ]
-    return [with_dims(c, dims) for c in shapes if not any(getattr(c.flags, name) for name in without)]
+    return [with_contract(with_dims(c, dims), contracts) for c in shapes
+            if not any(getattr(c.flags, name) for name in without)]

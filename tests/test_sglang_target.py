@@ -31,7 +31,7 @@ from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.sglang_target._api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
-from harness.strategies import cases  # noqa: E402
+from harness.strategies import cases, seed_cases  # noqa: E402
 from harness.targets.protocol import Forward, GraphReplay, LazyBuild, Publish, Snapshot  # noqa: E402
 
 # The sizes the installed release's cases run at (0.5.23's backend asserts DSV4's page, head_dim and top-k).
@@ -62,7 +62,6 @@ FIXED = {
                          batches=(Batch(requests=(Request(9, 4),), mutations=(Mutation("swa_repoint", count=2),)),)),
     "dflash": Case(dims=DIMS, spec=SpeculativeAlgorithm.DFLASH,
                    batches=(Batch(requests=(Request(10, 7),), mutations=(Mutation("kv_realloc", count=2),)),)),
-    "graph-fresh": Case(dims=DIMS, batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
     "graph-bcg": Case(dims=DIMS, graph_contract="bcg",
                       batches=(Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,)),)),
 }
@@ -101,6 +100,27 @@ def test_kernels_run_on_the_device_and_the_other_device_is_refused(target, harne
     with pytest.raises(EnvironmentBroken, match="TRITON_INTERPRET") as info:
         target.open(Case(dims=DIMS, batches=(Batch(requests=(Request(3, 5),)),)), other)
     assert info.value.exit_code == 3
+
+
+def test_dsv4_replays_its_prefill_graph_as_the_breakable_graph_only(target, harness_device):
+    """0.5.22 removed the tc_piecewise prefill backend, and DSV4's breakable graph replays its captured metadata:
+    the target has the `bcg` contract only, a campaign replays every drawn case under it, and a case that asks for
+    a tc_piecewise (`fresh`) replay is refused, naming the field; an eager case of either contract runs."""
+    assert target.graph_contracts == ("bcg",)
+    replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
+    with pytest.raises(InvalidArgument, match="graph_contract='fresh': allowed: bcg "):
+        target.open(Case(dims=DIMS, batches=(replay,)), make_device(harness_device))
+    target.open(Case(dims=DIMS, batches=(dataclasses.replace(replay, graph=False),)), make_device(harness_device))
+    drawn = []
+
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=cases(large=False, dims=FIXED_DIMS, contracts=target.graph_contracts))
+    def draw(case):
+        drawn.append(case)
+
+    draw()
+    assert {c.graph_contract for c in drawn} == {"bcg"}
+    assert {c.graph_contract for c in seed_cases("0.5.23", contracts=target.graph_contracts)} == {"bcg"}
 
 
 @pytest.mark.parametrize("name", list(FIXED))
@@ -202,22 +222,20 @@ def _counting(monkeypatch, owner, names) -> dict:
     return calls
 
 
-@pytest.mark.parametrize("name", ["extend-sparse", "extend-dense", "graph-fresh"])
+@pytest.mark.parametrize("name", ["extend-sparse", "extend-dense"])
 def test_an_eager_extend_batch_runs_sglangs_own_backend(target, harness_device, name, monkeypatch):
-    """On the CPU an eager EXTEND batch goes through the backend SGLang's own `__init__` built, its metadata init
-    and its per-layer forward (sparse or dense, as the case's switch says); a graph replay does not (phase 2:
-    the harness's metadata and layers); neither on CUDA yet."""
+    """An eager EXTEND batch goes through the backend SGLang's own `__init__` built, its metadata init and its
+    per-layer forward (sparse or dense, as the case's switch says), on either device."""
     backend_cls = target.api.backend_cls
     calls = _counting(monkeypatch, backend_cls, ("__init__", "init_forward_metadata", "forward",
                                                  "_forward_prefill_sparse"))
     result = run_case(target, FIXED[name], harness_device, target_spec="sglang")
     assert result.findings == [], [f.message for f in result.findings]
     layers, runs = len(DIMS.layer_ratios), 3  # overlapped, barriered, and the reference oracle's run
-    real = harness_device == "cpu" and name != "graph-fresh"
-    assert calls["__init__"] == runs * (harness_device == "cpu")
-    assert calls["init_forward_metadata"] == (runs if real else 0)
-    assert calls["forward"] == (runs * layers if real else 0)
-    assert calls["_forward_prefill_sparse"] == (runs * layers if real and name == "extend-sparse" else 0)
+    assert calls["__init__"] == runs
+    assert calls["init_forward_metadata"] == runs
+    assert calls["forward"] == runs * layers
+    assert calls["_forward_prefill_sparse"] == (runs * layers if name == "extend-sparse" else 0)
 
 
 def test_a_read_the_real_forward_was_not_meant_to_make_is_an_undeclared_access(target, harness_device, monkeypatch):
@@ -364,14 +382,13 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
     mods = api.mods
     entries = [(mods["eager_runner"].EagerRunner, "execute"), (mods["eager_runner"].EagerRunner, "load_batch"),
                (mods["scheduler"].Scheduler, "run_event_loop"), (mods["scheduler"].Scheduler, "event_loop_overlap"),
-               (mods["scheduler"].Scheduler, "_apply_war_barrier"), (mods["backend"].DSV4Metadata, "copy_"),
-               (mods["backend"].DSV4AttnMetadata, "copy_"),
+               (mods["scheduler"].Scheduler, "_apply_war_barrier"),
                (mods["backend"].DSV4Metadata, "refresh_for_breakable_cuda_graph_replay_"),
+               (mods["backend"].DSV4AttnMetadata, "refresh_for_breakable_cuda_graph_replay_"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "_prepare_forward_metadata_for_replay"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "can_run_graph"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "execute"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "load_batch"),
-               (mods["graph_runner"].PrefillCudaGraphRunner, "_execute_tc_piecewise"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "_execute_body_capture"),
                (mods["graph_runner"].PrefillCudaGraphRunner, "_trim_logits_output"),
                (mods["buffer_registry"].CudaGraphBufferRegistry, "fill_from"),
@@ -393,10 +410,9 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
                             mods["publisher"].maybe_publish_prefill_shared_read_done)
     replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
     eager = Batch(requests=(Request(3, 5),), mutations=(REWRITE,))
-    for case in (Case(dims=DIMS, batches=(eager, replay, replay)),
-                 Case(dims=DIMS, graph_contract="bcg", batches=(replay, replay))):
-        result = run_case(target, case, harness_device, target_spec="sglang")
-        assert result.findings == [], [f.message for f in result.findings]
+    case = Case(dims=DIMS, graph_contract="bcg", batches=(eager, replay, replay))  # 0.5.23's one prefill graph
+    result = run_case(target, case, harness_device, target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
     assert set(calls) == {f"{o.__name__}.{n}" if isinstance(o, type) else n for o, n in entries}, calls
     loop = [c for c in calls if c.startswith("Scheduler.")]
     assert loop[:3] == ["Scheduler.run_event_loop", "Scheduler.event_loop_overlap", "Scheduler._apply_war_barrier"]
@@ -408,7 +424,7 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
     assert replay[:6] == [
         "PrefillCudaGraphRunner.execute", "PrefillCudaGraphRunner.load_batch",
         "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay", "maybe_publish_prefill_shared_read_done",
-        "PrefillCudaGraphRunner._execute_tc_piecewise", "PrefillCudaGraphRunner._trim_logits_output"]
+        "PrefillCudaGraphRunner._execute_body_capture", "PrefillCudaGraphRunner._trim_logits_output"]
 
 
 def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target, harness_device, monkeypatch):

@@ -43,7 +43,7 @@ from harness.errors import EnvironmentBroken
 from harness.sglang_target._api import KERNELS as KERNEL_MODULE
 from harness.sglang_target._api import TRITON_KERNELS as SGLANG_KERNELS
 from harness.sglang_target._api import prepare_triton
-from harness.strategies import with_dims
+from harness.strategies import with_contract, with_dims
 from harness.targets import load_target
 
 # name -> (tool, finding kind, kernel, (old, new)): one textual edit of SGLang's kernel file.
@@ -257,6 +257,7 @@ def run_prefill(*, graph: bool, device: str = "cuda") -> list[str]:
     case = with_dims(Case(batches=(Batch(requests=requests, graph=graph, mutations=(Mutation("swa_clear", count=2),)),
                                    Batch(requests=(Request(30, 5),), graph=graph))),
                      tuple(target.fixed_dims.items()))  # at the sizes the installed release asserts
+    case = with_contract(case, target.graph_contracts)  # and replayed as it replays
     with launched_kernels(module) as seen:
         result = run_case(target, case, device, target_spec="sglang")
     if result.findings:

@@ -37,6 +37,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from typing import Any
 
+from harness.case import GRAPH_CONTRACTS
 from harness.errors import EnvironmentBroken
 from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_BACKEND, BUFFER_REGISTRY, GENERATIONS,
                                                GRAPH_CONFIG, GRAPH_RUNNER, KERNELS, KV_TRANSLATOR, SHAPE_KEY,
@@ -95,7 +96,7 @@ _COMMON = [
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.can_run_graph"), (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
     (BUFFER_REGISTRY, "build_prefill_registry"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
-    (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"), (SHAPE_KEY, "ShapeKey"),
+    (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"), (GRAPH_CONFIG, "ALLOWED_BACKENDS_PER_PHASE"), (GRAPH_CONFIG, "Phase"), (SHAPE_KEY, "ShapeKey"),
 ]
 # Whether a batch runs context-parallel: `is_cp_active` from 0.5.20 on, `is_cp_v2_active` in 0.5.19.
 CP_PREDICATES = ("is_cp_active", "is_cp_v2_active")
@@ -225,6 +226,17 @@ class SglangApi:
     @property
     def backend_cls(self):
         return self.mods["backend"].DeepseekV4AttnBackend
+
+    @property
+    def graph_contracts(self) -> tuple[str, ...]:
+        """The prefill-graph contracts DSV4 has in this release (`Case.graph_contract`): the breakable graph
+        replaying the backend's captured metadata (`bcg`: DSV4's `use_captured_forward_metadata_for_breakable_
+        cuda_graph`), and, while the release offers the tc_piecewise prefill backend, its replay that plans fresh
+        metadata (`fresh`). 0.5.22 removed it ("tc_piecewise was removed; select breakable, full, or disabled");
+        the full backend is no prefill contract of DSV4 (its out-of-graph init raises for EXTEND)."""
+        config = self.mods["graph_config"]
+        prefill = config.ALLOWED_BACKENDS_PER_PHASE[config.Phase.PREFILL]
+        return GRAPH_CONTRACTS if getattr(config.Backend, "TC_PIECEWISE", None) in prefill else ("bcg",)
 
     def is_cp_active(self, forward_batch) -> bool:
         """This version's own predicate for a context-parallel batch (renamed in 0.5.20)."""

@@ -282,6 +282,11 @@ class SglangSession(ReferenceSession):
         if case.flags.cp_active and not api.generation.runs_cp:
             raise InvalidArgument(f"case flags.cp_active=true: the installed {api.describe()} shards a CP batch "
                                   "across ranks in its eager runner, which one process cannot run; allowed: false")
+        if case.graph_contract not in api.graph_contracts and any(b.graph for b in case.batches):
+            raise InvalidArgument(f"case graph_contract={case.graph_contract!r}: allowed: "
+                                  f"{', '.join(api.graph_contracts)} (sglang {api.version} replays DSV4's prefill graph "
+                                  "as the breakable graph over its captured metadata; tc_piecewise, whose replay plans "
+                                  "fresh metadata, was removed in 0.5.22)")
         fixed = fixed_dims(api)
         for name, value in fixed.items():
             if getattr(case.dims, name) != value:

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from harness.case import Case
+from harness.case import GRAPH_CONTRACTS, Case
 from harness.model.pools import ForwardBatch
 from harness.probe import (Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, Probe, ProbeRecord, Publish,
                            Snapshot, SwaLocFallback, first, noted)
@@ -75,6 +75,11 @@ class Target:
     cannot_run: frozenset[str] = frozenset()
     """Switches (`Flags` field names) whose cases this target cannot run as the system does: a campaign never
     draws them (nor runs a seed case with one), and `open` refuses a case that has one."""
+
+    graph_contracts: tuple[str, ...] = GRAPH_CONTRACTS
+    """The prefill-graph contracts (`Case.graph_contract`) the system has: a campaign replays every drawn case
+    under the first of them where the drawn one is not among them (`strategies.with_contract`), and `open`
+    refuses a graph replay under another. Default: both the harness models."""
 
     fixed_dims: Mapping[str, object] = MappingProxyType({})
     """`Dims` fields this target runs at these values only (sizes the system under test asserts): a campaign
