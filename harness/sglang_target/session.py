@@ -11,9 +11,13 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`capture_one_shape`, the backend's capture init) and refreshes it per replay (the backend's own prep), the
   captured segments read what the capture bound (`real_graph.py`). Its KV is in SGLang's pool, which
   `kv_state` decodes;
-- every other batch (tc_piecewise graph replays, decode, verify and draft-extend batches, CP and HiSparse cases,
-  every batch of a PR-era release) runs the harness's metadata and layers over the same backend object, as
-  listed under "Replaced" below.
+- every other batch (decode, verify and draft-extend batches, CP and HiSparse cases, every batch of a PR-era
+  release, tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the
+  same backend object, as listed under "Replaced" below.
+
+From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
+DSV4's breakable graph replays its captured metadata): the target says so (`Target.graph_contracts`), so a
+campaign replays every drawn case there under `bcg`, and a `fresh` replay is refused.
 
 Real SGLang code on both paths, called on objects that carry what it reads (each entry point by file and
 function):
