@@ -18,13 +18,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.case import SEMANTICS
 from harness.errors import ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
+from harness.validation import MAX_EXAMPLES, integer, one_of, seconds
 from reports.folder import MUTANTS, NIGHTLY, SUMMARY
-from reports.writers import refuse_other_runs, write_json_atomically
+from reports.writers import refuse_other_runs, report_folder, write_json_atomically
 
 STEPS = ("pytest", "campaign", "mutants", "sanitize")
 
@@ -107,11 +109,13 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
 def add_parser(sub) -> None:
     parser = sub.add_parser("nightly", help="the nightly GPU job: pytest (one GPU per worker), a nightly campaign, "
                                             "the mutant table and the sanitizer run, into one report folder")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder, one for every step")
-    parser.add_argument("--device", default="cuda", help="cuda | cpu (a dry run of the same steps)")
-    parser.add_argument("--examples", type=int, default=None, help="campaign size (none given: the nightly profile's)")
+    parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder, one for every step")
+    parser.add_argument("--device", type=one_of("cuda", "cpu"), default="cuda",
+                        help="cuda | cpu (a dry run of the same steps)")
+    parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=None,
+                        help="campaign size (none given: the nightly profile's)")
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers (auto: one per GPU)")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
+    parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
     parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)} "
                                                      "(none given: none)")
     parser.add_argument("--shard", default="1/1", help="K/N: this host's part of the suite, the campaign's case "
@@ -122,19 +126,13 @@ def add_parser(sub) -> None:
     parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
                         help="the campaign's shared example database (repeatable; see `run --help`)")
     parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
-    parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
+    parser.add_argument("--progress-every", type=seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
                         help="the campaign's progress line, off a terminal, this often")
 
 
 def run(args) -> int:
-    if args.device not in ("cuda", "cpu"):
-        raise InvalidArgument(f"--device={args.device!r} is not one of: cuda, cpu")
     if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) > 0):
         raise InvalidArgument(f"--workers={args.workers!r}: auto or a number of workers > 0")
-    if args.examples is not None and args.examples < 1:
-        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
-    if not args.progress_every >= 0:
-        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
     shard = Shard.parse(args.shard)
     if shard.count > 1 and args.seed is None:
         raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "

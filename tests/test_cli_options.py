@@ -4,6 +4,7 @@ progress lines off a terminal."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,10 @@ SMALL = ["run", "--device", "cpu", "--examples", "4"]
 
 
 def harness(*args, cwd=None):
-    """`python -m harness` in a child whose stderr is a pipe, not a terminal (as in a CI log)."""
+    """`python -m harness` of this checkout in a child whose stderr is a pipe, not a terminal (as in a CI log)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+                          timeout=600, env=env)
 
 
 def subparsers():

@@ -28,6 +28,8 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
     ("auto", "cuda", [], EnvironmentBroken, "no GPU is visible"),
     ("two", "cpu", None, InvalidArgument, "--workers='two': auto or a number of workers > 0"),
     ("0", "cpu", None, InvalidArgument, "--workers='0'"),
+    (str(cpu_cores() + 1), "cpu", None, InvalidArgument, f"more workers than the {cpu_cores()} core(s)"),
+    (str(cpu_cores() + 1), "cuda", ["0"] * (cpu_cores() + 1), InvalidArgument, "more workers than"),
 ])
 def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
     with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -35,8 +37,8 @@ def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
 
 
 def test_workers_share_gpus_round_robin_only_when_asked(tmp_path, monkeypatch):
-    assert worker_count("5", "cuda", ["0", "1"], share=True) == 5
     monkeypatch.setattr(workers_module, "cpu_cores", lambda: 16)
+    assert worker_count("5", "cuda", ["0", "1"], share=True) == 5
     assert worker_count("auto", "cuda", ["0"], share=True) == 8  # one per two cores: a worker and its child
     assert worker_count("auto", "cuda", ["0", "1"]) == 2
     monkeypatch.setattr(workers_module, "cpu_cores", lambda: 2)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.options import check_semantics
+from harness.case import SEMANTICS
+from harness.validation import MAX_EXAMPLES, integer, one_of
 from harness.errors import ExitCode
 from harness.mutants.corpus import MUTANTS
 from harness.mutants.kill_table import run_kill_table
 from harness.sharding import Shard
-from reports.writers import refuse_other_runs
+from reports.writers import refuse_other_runs, report_folder
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("mutants", help="run the clean reference and every seeded bug: the kill table")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda")
-    parser.add_argument("--examples", type=int, default=200, help="cases per campaign")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
+    parser.add_argument("--device", type=one_of("cpu", "cuda"), default="cpu", help="cpu | cuda")
+    parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=200, help="cases per campaign")
+    parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
+    parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
     parser.add_argument("--overwrite", action="store_true", help="replace the kill table already in --report-dir")
     parser.add_argument("--only", default=None, help="comma-separated mutant names (none given: all)")
     parser.add_argument("--shard", default="1/1", help="K/N: part K of N of the mutants (the clean reference runs "
@@ -35,7 +36,7 @@ def run(args) -> int:
         for m in MUTANTS.values():
             print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
         return ExitCode.OK
-    semantics = check_semantics(args.semantics)
+    semantics = args.semantics
     shard = Shard.parse(args.shard)
     report_dir = Path(args.report_dir)
     refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)

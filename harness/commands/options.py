@@ -10,6 +10,7 @@ from pathlib import Path
 from harness.case import SEMANTICS, Case, Flags
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names
+from harness.validation import one_of
 
 
 class HarnessParser(argparse.ArgumentParser):
@@ -28,7 +29,8 @@ class HarnessParser(argparse.ArgumentParser):
 def add_common_options(p) -> None:
     """--target, --device, --mutant and --oracles: the options of every subcommand that judges cases."""
     p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
+    p.add_argument("--device", type=one_of("cpu", "cuda", "auto"), default="auto",
+                   help="cpu | cuda | auto (cuda when a GPU is visible)")
     p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
     p.add_argument("--oracles", default=None,
                    help=f"comma-separated subset of: {', '.join(oracle_names())} (none given: all)")

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Optional
 
 from harness.campaign import PROFILES, check_jobs, keeps_database, run_campaign
-from harness.commands.options import add_common_options, check_semantics, parse_without
+from harness.case import SEMANTICS
+from harness.commands.options import add_common_options, parse_without
+from harness.validation import MAX_EXAMPLES, integer, one_of, seconds
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
@@ -26,7 +28,8 @@ from reports import junit
 from reports.cli import render_folder
 from reports.folder import SUMMARY, load_folder, time_rows
 from reports.merge import merge_summaries
-from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
+from reports.writers import (new_staging_folder, refuse_other_runs, replace_report, report_folder,
+                             write_json_atomically)
 
 
 AUTO_JOBS_MAX = 8
@@ -35,18 +38,20 @@ AUTO_JOBS_MAX = 8
 def add_parser(sub) -> None:
     parser = sub.add_parser("run", help="run a fuzz campaign (the main job)")
     add_common_options(parser)
-    parser.add_argument("--examples", type=int, default=None, help="cases in all (none given: the profile's)")
+    parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=None,
+                        help="cases in all (none given: the profile's)")
     parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (none given: the profile's)")
-    parser.add_argument("--profile", default="ci", help="dev (50 cases) | ci (200, derandomized) | nightly (5000)")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
+    parser.add_argument("--profile", type=one_of(*PROFILES), default="ci",
+                        help="dev (50 cases) | ci (200, derandomized) | nightly (5000)")
+    parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
+    parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
     parser.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
     parser.add_argument("--without", default="", metavar="GATE[,GATE]",
                         help="gate switches the campaign never turns on (a deployment without HiCache, say): "
                              "SGLANG_FORCE_COARSE_WAR_BARRIER, cp_active, hisparse, hierarchical_cache, "
                              "hicache_storage, lmcache")
-    parser.add_argument("--keep-going", type=int, default=1, metavar="N",
+    parser.add_argument("--keep-going", type=integer(1, MAX_EXAMPLES), default=1, metavar="N",
                      help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
                           "stopping")
     parser.add_argument("--no-seeds", action="store_true",
@@ -74,7 +79,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
                      help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
                           "there, and failures saved there by other hosts replay here (repeatable)")
-    parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
+    parser.add_argument("--progress-every", type=seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
                      help="off a terminal, a progress line this often")
     volume = parser.add_mutually_exclusive_group()
     volume.add_argument("-q", "--quiet", action="store_true", help="no progress output, only the result")
@@ -82,16 +87,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    semantics = check_semantics(args.semantics)
-    if args.profile not in PROFILES:
-        raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
-    if args.examples is not None and args.examples < 1:
-        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
-    if args.keep_going < 1:
-        raise InvalidArgument(f"--keep-going={args.keep_going}: must be >= 1 (the number of distinct failures to "
-                              "collect)")
-    if not args.progress_every >= 0:
-        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
+    semantics = args.semantics
     shard = Shard.parse(args.shard)
     if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
         raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
@@ -131,6 +127,12 @@ def run(args) -> int:
             summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
                                isolate_s=isolate_s, oracles=oracles, without=without, verbosity=verbosity,
                                report_dir=report_dir, stop=stop)
+        return _print_result(args, summary, device=device, semantics=semantics, target=target, shard=shard,
+                             report_dir=report_dir)
+
+
+def _print_result(args, summary: dict, *, device, semantics, target, shard, report_dir) -> int:
+    """What the campaign found, on stdout, and the exit code: found, else interrupted, else clean."""
     print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
           f"{', shard ' + args.shard if shard.count > 1 else ''}"
           f"{f', {args.jobs} judged at once' if args.jobs > 1 else ''}) in {summary['duration_s']:.1f}s"
@@ -189,6 +191,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     summary["mutant"] = args.mutant
     summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
+    stop.writing()
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
     return summary
@@ -253,6 +256,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
                   file=sys.stderr)
         processes.start()  # a signal before this is held by `processes` for each worker until it is ready
         codes, wall_s = processes.wait()
+        stop.writing()
         sources = []
         for worker, code in zip(workers, codes, strict=True):
             if code not in (ExitCode.OK, ExitCode.FOUND, ExitCode.INTERRUPTED) or not (worker.folder / SUMMARY).is_file():

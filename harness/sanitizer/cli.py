@@ -25,7 +25,7 @@ from harness.sanitizer.sglang_cases import kernel_module
 from reports.folder import SANITIZER as REPORT_NAME
 from reports.folder import SANITIZER_RAW_DIR as RAW_DIR
 from reports.verdict import BROKEN, FOUND, sanitizer_outcome
-from reports.writers import write_json_atomically
+from reports.writers import report_folder, write_json_atomically
 
 TOOL_CHOICES = ("racecheck", "synccheck", "memcheck", "initcheck", "all")
 TARGETS = ("reference", "sglang")
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("cases", nargs="*", help="case names (none given: all); see the list in the error for a bad one")
     p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all")
     p.add_argument("--target", default="reference", help="whose kernels: reference | sglang (default: reference)")
-    p.add_argument("--report-dir", default="harness-report", help="the report folder")
+    p.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per sanitized run")
     p.add_argument("--jobs", type=int, default=1,
                    help="cases run at once per tool (tools always run one at a time); >1 inflates timings")
