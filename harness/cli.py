@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # SIGINT in a command that has no case stream to stop between (replay, explore)
+        print("\ninterrupted by SIGINT before the command finished: it wrote nothing", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001  the harness's own bug: reported as such, never as exit 1 ("found")
         traceback.print_exc()
         print(describe_internal_error(exc), file=sys.stderr)

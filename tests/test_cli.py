@@ -69,6 +69,11 @@ def test_finding_exits_1_and_its_replay_command_reproduces_it(tmp_path):
                                                  f"{cpu_cores()} core(s)"),
     (["nightly", "--device", "tpu"], "argument --device: 'tpu' is not one of: cuda, cpu"),
     (["mutants", "--semantics", "0.6"], "argument --semantics: '0.6' is not one of: pr, 0.5.23"),
+    (["replay", "--case", "{}"], "case: the field batches is missing"),
+    (["replay", "--case", '{"batches": [{}], "data_seed": 1180591620717411303424}'],
+     "data_seed: 1,180,591,620,717,411,303,424 is over the limit of 4,294,967,295"),
+    (["replay", "--case", '{"batches": [{"requests": [{"prefix_len": 0, "extend_len": 60000}]}]}'],
+     "60,000 is over the limit of 32,768"),
 ])
 def test_bad_usage_exits_2_with_the_allowed_values(args, needle, tmp_path):
     out = harness(*args, cwd=tmp_path)
