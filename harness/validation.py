@@ -45,6 +45,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def target_spec(text: str) -> str:
+    """An argparse `type=` for a target: a built-in name, or MODULE:FACTORY (imported when the run starts)."""
+    module, sep, factory = text.partition(":")
+    if text not in ("reference", "sglang") and not (sep and module and factory):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of: reference, sglang, MODULE:FACTORY")
+    return text
+
+
 def one_of(*allowed: str) -> Callable[[str], str]:
     """An argparse `type=` for a word from `allowed`; the error lists them (argparse's `choices=` quotes
     each, and checks a default given in pyproject.toml only after the type)."""
