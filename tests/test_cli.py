@@ -101,7 +101,7 @@ def test_a_report_dir_the_run_could_not_replace_exits_2_before_the_first_case(tm
     out = harness("run", "--device", "cpu", "--examples", "2", "--report-dir", report_dir.format(cwd=tmp_path.name),
                   cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert f"argument --report-dir: " in out.stderr and needle in out.stderr, out.stderr
+    assert "argument --report-dir: " in out.stderr and needle in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and "cases on cpu" not in out.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "out"] and not any((tmp_path / "out").iterdir())
 
