@@ -70,6 +70,11 @@ def test_a_signal_during_a_campaign_leaves_a_valid_partial_report_and_exits_4(tm
     assert (tmp_path / "index.html").is_file() and "interrupted by" in (tmp_path / "index.html").read_text()
     assert f"interrupted by {signal.Signals(signum).name} after {summary['cases']} cases" in out
     assert "Traceback" not in err
+    again = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == proc.returncode == ExitCode.INTERRUPTED, again.stdout + again.stderr
+    page = (tmp_path / "index.html").read_text()
+    assert "<title>INTERRUPTED" in page and '<span class="tag clean">clean</span>' not in page
 
 
 def test_a_second_signal_exits_at_once_even_with_a_case_in_flight(tmp_path):
