@@ -102,7 +102,7 @@ def test_off_a_terminal_a_progress_line_is_plain_with_cases_rate_eta_and_finding
     lines = [line for line in normal.stderr.splitlines() if line.startswith("campaign: ")]
     assert len(lines) == 4, normal.stderr
     assert lines[-1].startswith("campaign: 4/4 cases, ") and "cases/s, ETA " in lines[-1]
-    assert lines[-1].endswith("0 finding(s) so far") and "\x1b[" not in normal.stderr  # no terminal codes
+    assert lines[-1].endswith("0 failure(s) so far") and "\x1b[" not in normal.stderr  # no terminal codes
 
 
 def test_q_prints_no_progress_and_v_a_line_per_case(tmp_path):
@@ -112,10 +112,22 @@ def test_q_prints_no_progress_and_v_a_line_per_case(tmp_path):
     assert "campaign: case 1 clean: " in verbose.stderr
 
 
-def test_the_progress_line_counts_the_findings_so_far(tmp_path):
+def test_the_progress_line_counts_the_failures_so_far(tmp_path):
     found = harness("run", "--device", "cpu", "--examples", "20", "--mutant", "scheduler_no_wait", "--no-shrink",
                     "--progress-every", "0", "--report-dir", str(tmp_path))
-    assert found.returncode == 1 and "1 finding(s) so far" in found.stderr
+    assert found.returncode == 1 and "1 failure(s) so far" in found.stderr
+
+
+def test_with_keep_going_the_progress_and_the_end_count_the_same_failures(tmp_path):
+    """It once said "13 finding(s) so far" (failing cases), then "7 finding(s)" at the end."""
+    found = harness("run", "--device", "cpu", "--profile", "dev", "--seed", "1", "--examples", "60", "--no-seeds",
+                    "--mutant", "scheduler_no_wait", "--keep-going", "3", "--no-shrink", "--progress-every", "0",
+                    "--report-dir", str(tmp_path))
+    assert found.returncode == 1, found.stdout + found.stderr
+    last = [line for line in found.stderr.splitlines() if line.startswith("campaign: ")][-1]
+    so_far = int(last.rsplit(", ", 1)[1].split()[0])
+    failures = len({f["replay"] for f in json.loads((tmp_path / "summary.json").read_text())["findings"]})
+    assert so_far == failures > 1 and f": {failures} failure(s), " in found.stdout, (last, found.stdout)
 
 
 def test_the_default_interval_is_ten_seconds():

@@ -132,11 +132,16 @@ def run(args) -> int:
 
 
 def _print_result(args, summary: dict, *, device, semantics, target, shard, report_dir) -> int:
-    """What the campaign found, on stdout, and the exit code: found, else interrupted, else clean."""
+    """What the campaign found, on stdout, and the exit code: found, else interrupted, else clean. The
+    count is of failures (a failing case, with its replay command), as the progress line's."""
+    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
+    for finding in summary["findings"]:
+        failures.setdefault(finding["replay"], []).append(finding)
     print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
           f"{', shard ' + args.shard if shard.count > 1 else ''}"
           f"{f', {args.jobs} judged at once' if args.jobs > 1 else ''}) in {summary['duration_s']:.1f}s"
-          f" ({summary['cases_per_second']} cases/s): {len(summary['findings'])} finding(s)")
+          f" ({summary['cases_per_second']} cases/s): {len(failures)} failure(s), {len(summary['findings'])} "
+          "finding(s)")
     for row in summary.get("workers") or []:
         gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
         print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
@@ -148,9 +153,6 @@ def _print_result(args, summary: dict, *, device, semantics, target, shard, repo
         print(f"  race gates: {gate_counts(gates)}")
     for warning in gate_warnings(gates):
         print(f"  warning: {warning}", file=sys.stderr)
-    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
-    for finding in summary["findings"]:
-        failures.setdefault(finding["replay"], []).append(finding)
     for replay, findings in failures.items():
         for finding in findings:
             print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
