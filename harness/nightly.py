@@ -151,7 +151,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--seed", type=int, default=None, help="the campaign's seed; with --shard, the same on every "
                                                                "host (none given: a random one)")
     parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
-                        help="the campaign's shared example database (repeatable; see `run --help`)")
+                        help="the campaign's shared example database (repeatable; see `run --help`; none given: "
+                             "REPORT_DIR/examples only)")
     parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
     parser.add_argument("--progress-every", type=seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
                         help="the campaign's progress line, off a terminal, this often")

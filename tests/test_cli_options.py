@@ -31,13 +31,22 @@ def subparsers():
 
 @pytest.mark.parametrize("command", sorted(subparsers()))
 def test_help_states_every_options_default(command):
+    """Once: "(default: None)" on required options, "(default: reference) (default: reference)", "(default: [])"."""
     parser = subparsers()[command]
     formatter = parser.formatter_class(prog=parser.prog)
     for action in parser._actions:
-        if action.dest == "help" or action.required or not (action.option_strings or action.nargs == "*"):
+        if action.dest == "help" or not action.option_strings:
             continue
-        assert action.help, f"{command} {action.option_strings or action.dest}: no help text"
-        assert "%(default)s" in formatter._get_help_string(action), f"{command} {action.dest}: no default shown"
+        assert action.help, f"{command} {action.option_strings}: no help text"
+        shown = formatter._get_help_string(action)
+        if action.required:
+            assert shown.endswith(" (required)") and "default" not in shown, f"{command} {action.dest}: {shown}"
+        elif action.default in (None, []):
+            assert "none given: " in shown and "%(default)" not in shown, f"{command} {action.dest}: {shown}"
+        else:
+            assert shown.count("(default:") == 1, f"{command} {action.dest}: {shown}"
+    text = " ".join(parser.format_help().split())
+    assert "(default: None)" not in text and "(default: [])" not in text
     if command == "run":
         text = " ".join(parser.format_help().split())
         for shown in ("(default: ci)", "(default: 0.5.23)", "(default: harness-report)", "(default: 1/1)",

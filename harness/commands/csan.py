@@ -15,7 +15,8 @@ from reports.writers import report_folder, write_json_atomically
 def add_parser(sub) -> None:
     parser = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
     parser.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    parser.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
+    parser.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list; "
+                                                       "none given: the target as it is)")
     parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=100, help="cases")
     parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
     parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")

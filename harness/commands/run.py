@@ -78,7 +78,8 @@ def add_parser(sub) -> None:
                              "worker per two cores")
     parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
                      help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
-                          "there, and failures saved there by other hosts replay here (repeatable)")
+                          "there, and failures saved there by other hosts replay here (repeatable; none given: "
+                          "REPORT_DIR/examples only)")
     parser.add_argument("--progress-every", type=seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
                      help="off a terminal, a progress line this often")
     volume = parser.add_mutually_exclusive_group()

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
     parser.add_argument("--versions", default=None,
                         help="comma-separated sglang versions from PyPI: triage each in its own environment and "
-                             "report the first failing one")
+                             "report the first failing one (none given: the installed one only)")
     parser.add_argument("--cache-dir", default=None, help="with --versions: wheels and environments "
                                                           "(none given: REPORT_DIR/envs)")
     parser.add_argument("--bisect", action="store_true",

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("sanitize", help="run our kernels and the planted bugs under compute-sanitizer")
     p.add_argument("cases", nargs="*", help="case names (none given: all); see the list in the error for a bad one")
     p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all")
-    p.add_argument("--target", default="reference", help="whose kernels: reference | sglang (default: reference)")
+    p.add_argument("--target", default="reference", help="whose kernels: reference | sglang")
     p.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per sanitized run")
     p.add_argument("--jobs", type=int, default=1,
