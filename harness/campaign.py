@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.conjecture.engine import ConjectureRunner
 
+from harness.choices import PROFILES
 from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
@@ -42,11 +43,6 @@ from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
 
-PROFILES = {
-    "dev": dict(max_examples=50, derandomize=False),
-    "ci": dict(max_examples=200, derandomize=True),
-    "nightly": dict(max_examples=5000, derandomize=False),
-}
 
 
 def keeps_database(profile: str, seed: Optional[int]) -> bool:

@@ -21,19 +21,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.case import SEMANTICS
+from harness.choices import NIGHTLY_STEPS as STEPS
 from harness.device import resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
-from harness.validation import MAX_EXAMPLES, integer, one_of, seconds, target_spec
 from harness.workers import cpu_cores
 from reports.folder import MUTANTS, NIGHTLY, SUMMARY
-from reports.writers import refuse_other_runs, report_folder, write_json_atomically
+from reports.writers import refuse_other_runs, write_json_atomically
 
-STEPS = ("pytest", "campaign", "mutants", "sanitize")
 # pytest's own exit codes (`pytest.ExitCode`): 2 is its interruption, 3 its internal error, 4 a usage
 # error and 5 "no tests collected", the last three a step that could not run
 PYTEST_OUTCOMES = {0: "clean", 1: "found", 2: "interrupted"}
@@ -124,38 +122,6 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
     outcomes = {s.outcome for s in steps}
     return (ExitCode.BROKEN if "broken" in outcomes else ExitCode.FOUND if "found" in outcomes
             else ExitCode.INTERRUPTED if "interrupted" in outcomes else ExitCode.OK)
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("nightly", help="the nightly GPU job: pytest (one GPU per worker), a nightly campaign, "
-                                            "the mutant table and the sanitizer run, into one report folder")
-    parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder, one for every step")
-    parser.add_argument("--device", type=one_of("cuda", "cpu"), default="cuda",
-                        help="cuda | cpu (a dry run of the same steps)")
-    parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=None,
-                        help="campaign size (none given: the nightly profile's)")
-    parser.add_argument("--target", type=target_spec, default="reference",
-                        help="what the cases and the campaign judge: reference | sglang | MODULE:FACTORY "
-                             "([tool.dsv4-harness] target sets it)")
-    parser.add_argument("--workers", default="auto",
-                        help="the campaign's workers (auto: one per GPU) and the pytest step's xdist workers (auto: "
-                             "one per core, sharing the GPUs)")
-    parser.add_argument("--self-tests", action="store_true",
-                        help="the pytest step runs the harness's own tests (tests/) beside the cases (cases/)")
-    parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)} "
-                                                     "(none given: none)")
-    parser.add_argument("--shard", default="1/1", help="K/N: this host's part of the suite, the campaign's case "
-                                                       "stream and the mutants (the sanitizer runs in part 1); "
-                                                       "merge the hosts' folders with `harness merge`")
-    parser.add_argument("--seed", type=int, default=None, help="the campaign's seed; with --shard, the same on every "
-                                                               "host (none given: a random one)")
-    parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
-                        help="the campaign's shared example database (repeatable; see `run --help`; none given: "
-                             "REPORT_DIR/examples only)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
-    parser.add_argument("--progress-every", type=seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                        help="the campaign's progress line, off a terminal, this often")
 
 
 def run(args) -> int:

@@ -40,11 +40,6 @@ def render_folder(path: Path, pytest_junit: Path | None = None,
     return written, judge(folder)
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("report", help="re-render a report folder's index.html and JUnit files from its JSON")
-    parser.add_argument("dir", help="the report folder (holding summary.json, mutants.json, ...)")
-
-
 def run(args) -> int:
     """Exit 0 clean, 1 found, 3 broken, 4 interrupted: the verdict the page shows."""
     written, verdict = render_folder(Path(args.dir))

@@ -31,7 +31,7 @@ from reports.cli import EXIT_CODES, render_folder
 from reports.folder import (CLEAN_REFERENCE, EXAMPLES, KERNEL, MUTANTS, NIGHTLY, PYTEST_JUNIT, SANITIZER, SUMMARY,
                             TRIAGE, VERSIONS, ReportError, ReportFolder, load_folder)
 from reports.junit import CAMPAIGN, MUTANTS as JUNIT_MUTANTS, SANITIZER as JUNIT_SANITIZER
-from reports.writers import refuse_other_runs, replace_report, report_folder, write_bytes_atomically, write_json_atomically
+from reports.writers import refuse_other_runs, replace_report, write_bytes_atomically, write_json_atomically
 
 CAMPAIGN_IDENTITY = ("target", "target_description", "without", "mutant", "semantics", "device", "profile", "seed")
 REPORT_FILES = (SUMMARY, MUTANTS, CLEAN_REFERENCE, TRIAGE, SANITIZER, KERNEL, NIGHTLY, VERSIONS, PYTEST_JUNIT,
@@ -249,14 +249,6 @@ def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
     replace_report(into, REPORT_FILES, build)
     _, verdict = outcome["rendered"]
     return sorted(into.iterdir()), verdict, summary
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("merge", help="merge the report folders of shards, workers or hosts into one, with one "
-                                          "page")
-    parser.add_argument("dirs", nargs="+", metavar="DIR", help="the report folders to merge")
-    parser.add_argument("--into", required=True, type=report_folder, metavar="DIR", help="the merged report folder")
-    parser.add_argument("--overwrite", action="store_true", help="replace a merged folder that is already there")
 
 
 def run(args) -> int:

@@ -54,6 +54,22 @@ def test_help_states_every_options_default(command):
             assert shown in text
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["nightly", "--help"], ["--version"],
+                                  ["run", "--examples", "0"], ["replay"], ["sanitize", "--tool", "nope"]])
+def test_help_version_and_usage_errors_do_not_load_torch(argv):
+    """Every call, --help included, once took about 4 s: the torch import."""
+    probe = "import sys\nfrom harness.cli import main\nprint('exit', main(sys.argv[1:]), 'torch loaded:', 'torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert "torch loaded: False" in done.stdout, done.stdout + done.stderr
+    assert ("exit 0" if argv[-1] in ("--help", "--version") else "exit 2") in done.stdout, done.stdout + done.stderr
+
+
+def test_version_names_the_harness():
+    done = harness("--version")
+    assert done.returncode == 0 and done.stdout.startswith("python -m harness "), done.stdout + done.stderr
+
+
 def test_pyproject_defaults_apply_and_the_command_line_wins(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.dsv4-harness]\nsemantics = "pr"\nprofile = "dev"\n'
                                              'report-dir = "from-pyproject"\n')

@@ -84,11 +84,7 @@ def test_a_pytest_usage_error_is_a_broken_step_not_an_interruption():
 def test_bad_nightly_flags_exit_2_naming_the_flag(tmp_path, capsys, argv, needle):
     from harness.cli import main
 
-    try:
-        code = main(["nightly", "--report-dir", str(tmp_path), *argv])
-    except SystemExit as exc:  # argparse's own refusal (HarnessParser: exit 2)
-        code = exc.code
-    assert code == 2
+    assert main(["nightly", "--report-dir", str(tmp_path), *argv]) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "nightly.json").exists()
 

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.case import SEMANTICS
-from harness.validation import MAX_EXAMPLES, integer, one_of
 from harness.csan import second_opinion_campaign
 from harness.errors import ExitCode
 from harness.targets import load_target
-from reports.writers import report_folder, write_json_atomically
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
-    parser.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    parser.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list; "
-                                                       "none given: the target as it is)")
-    parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=100, help="cases")
-    parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
+from reports.writers import write_json_atomically
 
 
 def run(args) -> int:

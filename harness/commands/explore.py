@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from harness.commands.options import add_common_options, read_case
-from harness.validation import MAX_EXAMPLES, integer
+from harness.commands.options import read_case
 from harness.device import resolve_device
 from harness.engine import explore
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import parse_oracles
 from harness.targets import load_target
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("explore", help="try every interleaving the events allow (CPU simulator)")
-    add_common_options(parser)
-    parser.add_argument("--case", required=True, help="the case as JSON, or @FILE")
-    parser.add_argument("--bound", type=integer(1, MAX_EXAMPLES), default=500, help="stop after this many interleavings")
 
 
 def run(args) -> int:

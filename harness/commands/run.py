@@ -9,16 +9,15 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from harness.campaign import PROFILES, check_jobs, keeps_database, run_campaign
-from harness.case import SEMANTICS
-from harness.commands.options import add_common_options, parse_without
-from harness.validation import MAX_EXAMPLES, integer, one_of, seconds
+from harness.campaign import check_jobs, keeps_database, run_campaign
+from harness.choices import AUTO_JOBS_MAX, PROFILES
+from harness.commands.options import parse_without
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
 from harness.oracles import oracle_names, parse_oracles
-from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
+from harness.progress import NORMAL, QUIET, VERBOSE, CampaignProgress
 from harness.sharding import Shard
 from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
@@ -28,63 +27,7 @@ from reports import junit
 from reports.cli import render_folder
 from reports.folder import SUMMARY, load_folder, time_rows
 from reports.merge import merge_summaries
-from reports.writers import (new_staging_folder, refuse_other_runs, replace_report, report_folder,
-                             write_json_atomically)
-
-
-AUTO_JOBS_MAX = 8
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("run", help="run a fuzz campaign (the main job)")
-    add_common_options(parser)
-    parser.add_argument("--examples", type=integer(1, MAX_EXAMPLES), default=None,
-                        help="cases in all (none given: the profile's)")
-    parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (none given: the profile's)")
-    parser.add_argument("--profile", type=one_of(*PROFILES), default="ci",
-                        help="dev (50 cases) | ci (200, derandomized) | nightly (5000)")
-    parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
-    parser.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
-    parser.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
-    parser.add_argument("--without", default="", metavar="GATE[,GATE]",
-                        help="gate switches the campaign never turns on (a deployment without HiCache, say): "
-                             "SGLANG_FORCE_COARSE_WAR_BARRIER, cp_active, hisparse, hierarchical_cache, "
-                             "hicache_storage, lmcache")
-    parser.add_argument("--keep-going", type=integer(1, MAX_EXAMPLES), default=1, metavar="N",
-                     help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
-                          "stopping")
-    parser.add_argument("--no-seeds", action="store_true",
-                     help="draw every case: skip the hand-written seed cases of the protocol's shapes")
-    parser.add_argument("--isolate", default="auto",
-                     help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
-                          "finding: SECONDS | off | auto (120 on cuda or with --jobs N > 1, off otherwise)")
-    parser.add_argument("--jobs", default="auto", metavar="N|auto",
-                        help="judge up to N cases at once, each in its own child process (isolated), this process "
-                             "drawing the stream once; the count, the first detection and the shrunk case are those "
-                             "of one case at a time. The children share this run's GPU: a case is mostly host work. "
-                             f"auto: on cuda, one per two cores of each process's share, at most {AUTO_JOBS_MAX}; "
-                             "on cpu, or with --isolate off, 1")
-    parser.add_argument("--from-db", action="store_true",
-                     help="replay the failures stored in REPORT_DIR/examples and any --example-db, then the seed cases")
-    parser.add_argument("--shard", default="1/1", help="K/N: judge only part K of N of the case stream (reproducible, "
-                                                    "disjoint; merge the parts with `harness merge`)")
-    parser.add_argument("--workers", default="1", help="N | auto: N campaign processes, each on its own part of the "
-                                                    "stream and pinned to its own GPU (auto: one per visible GPU on "
-                                                    "cuda, one per core on cpu), merged into one report")
-    parser.add_argument("--gpu-share", action="store_true",
-                        help="with --device cuda, allow more --workers than GPUs: workers share the GPUs round robin "
-                             "(a campaign is mostly host work, so a GPU serves several); with --workers auto, one "
-                             "worker per two cores")
-    parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
-                     help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
-                          "there, and failures saved there by other hosts replay here (repeatable; none given: "
-                          "REPORT_DIR/examples only)")
-    parser.add_argument("--progress-every", type=seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                     help="off a terminal, a progress line this often")
-    volume = parser.add_mutually_exclusive_group()
-    volume.add_argument("-q", "--quiet", action="store_true", help="no progress output, only the result")
-    volume.add_argument("-v", "--verbose", action="store_true", help="a line per case as well")
+from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
 
 
 def run(args) -> int:
