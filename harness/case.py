@@ -35,10 +35,11 @@ KV_FORMATS = ("float32", "fp8_v4")
 FP8_V4_NOPE = 448  # the NoPE width of a DSV4 latent; the other 64 values are RoPE
 _LARGE_SEQ = 1 << 16
 # A case's limits, beyond anything the strategies draw (a batch of up to 65 requests and 32768 tokens,
-# two or three batches, 64 heads): a replay of one case far past them ran minutes, or overflowed deep
+# two or three batches, 64 heads, SGLang's page 256, window 128 and top-k 512): a replay of one case far past them ran minutes, or overflowed deep
 # in the run (a data_seed of 2**70 in torch's generator), instead of being refused when it was read.
 LIMITS = {"batches": 16, "requests": 256, "tokens": 32_768, "heads": 128, "head_dim": 1024, "index_dim": 1024,
-          "mutation count": 1024, "delay_cycles": 2**31 - 1, "data_seed": 2**32 - 1}
+          "swa_window": 8192, "index_topk": 8192, "page_size": 4096, "index_align": 4096, "mutation count": 1024,
+          "delay_cycles": 2**31 - 1, "data_seed": 2**32 - 1}
 
 
 @dataclass(frozen=True)

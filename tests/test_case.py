@@ -48,6 +48,7 @@ def test_json_round_trip():
     ('{"batches": [{"requests": [{"prefix_len": 0, "extend_len": 60000}]}]}',
      r"batches\[0\]: tokens \(the extend_len of its requests together\): 60,000 is over the limit of 32,768"),
     ('{"batches": [{}], "dims": {"heads": 100000}}', "dims.heads: 100,000 is over the limit of 128"),
+    ('{"batches": [{}], "dims": {"page_size": 1000000000}}', "dims.page_size: 1,000,000,000 is over the limit of 4,096"),
     ('{"batches": [' + ", ".join(["{}"] * 17) + ']}', "batches: 17 batches is over the limit of 16 batches"),
 ])
 def test_bad_case_is_named(text, needle):
