@@ -4,6 +4,8 @@ shows the contract fails, naming the broken rule."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from harness.case import Batch, Case, Dims, Flags, Request
@@ -30,12 +32,19 @@ def _on_the_chosen_device(harness_device):
     DEVICE = harness_device
 
 
+@contextlib.contextmanager
 def open_session(case, target=None):
+    """A session with its first batch loaded, and torch's current stream the device's forward stream
+    for the block, as the engine loads (`load_batch`) and steps a case. On torch's default stream the
+    load and the metadata's host-staged index tensors are not ordered before the kernels the device
+    issues on its forward stream (PyTorch's streams do not wait for the default one). On the H200 the
+    11674-token chunk-cache build failed with a device-side out-of-bounds index, which is what its
+    gathers give when they read `req_to_token` or its staged positions before the copies land."""
     target = target or ReferenceTarget()
     device = make_device(DEVICE)
     session = target.open(case, device)
-    fb = session.load(build_world(case, 0, PoolSizes.for_case(case), device.torch_device))
-    return session, device, fb
+    with device.stream(device.forward_stream):
+        yield session, device, session.load(build_world(case, 0, PoolSizes.for_case(case), device.torch_device))
 
 
 def pr_case(spec=S.DFLASH, **batch):
@@ -53,42 +62,42 @@ def big_case(semantics: str, tokens: int) -> Case:
 # -- the five tests of PR #35947 -------------------------------------------------------------------------
 
 def test_prefill_snapshot_declares_pre_replay_boundary():
-    session, device, fb = open_session(pr_case())
-    backend = session.model_runner.attn_backend
-    backend.init_forward_metadata(fb)
-    backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=fb.num_tokens)
-    device.synchronize()
-    assert backend.shared_read_ends(ForwardMode.EXTEND) is SharedReadEnds.PRE_REPLAY
+    with open_session(pr_case()) as (session, device, fb):
+        backend = session.model_runner.attn_backend
+        backend.init_forward_metadata(fb)
+        backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=fb.num_tokens)
+        device.synchronize()
+        assert backend.shared_read_ends(ForwardMode.EXTEND) is SharedReadEnds.PRE_REPLAY
 
 
 @pytest.mark.parametrize("semantics", ["pr", "0.5.23"])
 @pytest.mark.parametrize("tokens,built", [(LARGE_INDEXER_QUERY_THRESHOLD, False),
                                           (LARGE_INDEXER_QUERY_THRESHOLD + 1, True)])
 def test_snapshot_builds_cache_only_for_sparse_prefill(semantics, tokens, built):
-    session, device, fb = open_session(big_case(semantics, tokens))
-    backend = session.model_runner.attn_backend
-    backend.init_forward_metadata(fb)
-    if semantics == "pr":
-        backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=tokens)
-    else:
-        assert backend.resolve_prefill_shared_read_ends(fb, num_qo_tokens=tokens) is SharedReadEnds.PRE_REPLAY
-    device.synchronize()
-    assert (backend.forward_metadata.sparse_prefill_cache is not None) is built
+    with open_session(big_case(semantics, tokens)) as (session, device, fb):
+        backend = session.model_runner.attn_backend
+        backend.init_forward_metadata(fb)
+        if semantics == "pr":
+            backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=tokens)
+        else:
+            assert backend.resolve_prefill_shared_read_ends(fb, num_qo_tokens=tokens) is SharedReadEnds.PRE_REPLAY
+        device.synchronize()
+        assert (backend.forward_metadata.sparse_prefill_cache is not None) is built
 
 
 def test_sparse_prefill_snapshot_marks_success_only_after_build():
-    session, device, fb = open_session(pr_case())
-    backend = session.model_runner.attn_backend
-    backend.init_forward_metadata(fb)
+    with open_session(pr_case()) as (session, device, fb):
+        backend = session.model_runner.attn_backend
+        backend.init_forward_metadata(fb)
 
-    def failing_build(*args, **kwargs):
-        raise RuntimeError("injected build failure")
+        def failing_build(*args, **kwargs):
+            raise RuntimeError("injected build failure")
 
-    backend._build_sparse_prefill_chunk_cache = failing_build
-    with pytest.raises(RuntimeError, match="injected"):
-        backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=fb.num_tokens)
-    assert backend.forward_metadata.prefill_shared_reads_snapshotted is False
-    assert backend.shared_read_ends(ForwardMode.EXTEND) is SharedReadEnds.UNKNOWN
+        backend._build_sparse_prefill_chunk_cache = failing_build
+        with pytest.raises(RuntimeError, match="injected"):
+            backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=fb.num_tokens)
+        assert backend.forward_metadata.prefill_shared_reads_snapshotted is False
+        assert backend.shared_read_ends(ForwardMode.EXTEND) is SharedReadEnds.UNKNOWN
 
 
 @pytest.mark.parametrize("semantics", ["pr", "0.5.23"])
@@ -192,18 +201,18 @@ def test_bcg_replay_stays_coarse():
 
 def test_padded_rows_are_empty_and_point_at_the_dummy_slot():
     case = Case(batches=(Batch(requests=(Request(7, 5), Request(2, 4)), graph=True),))
-    session, device, fb = open_session(case)
-    padded = session.model_runner.graph_runner._pad(fb, 12)
-    assert padded.out_cache_loc[9:].tolist() == [0, 0, 0]
-    assert padded.positions[9:].tolist() == [0, 0, 0]
-    assert padded.row_req[9:] == [1, 1, 1]
-    backend = session.model_runner.attn_backend
-    backend.init_forward_metadata(padded)
-    backend.resolve_prefill_shared_read_ends(padded, num_qo_tokens=12)
-    device.synchronize()
-    cache = backend.forward_metadata.sparse_prefill_cache
-    assert (cache.c0_combined_indices[9:] == -1).all() and (cache.c0_combined_lens[9:] == 0).all()
-    assert backend.forward_metadata.core_attn_metadata.seq_lens_casual[9:].tolist() == [1, 1, 1]
+    with open_session(case) as (session, device, fb):
+        padded = session.model_runner.graph_runner._pad(fb, 12)
+        assert padded.out_cache_loc[9:].tolist() == [0, 0, 0]
+        assert padded.positions[9:].tolist() == [0, 0, 0]
+        assert padded.row_req[9:] == [1, 1, 1]
+        backend = session.model_runner.attn_backend
+        backend.init_forward_metadata(padded)
+        backend.resolve_prefill_shared_read_ends(padded, num_qo_tokens=12)
+        device.synchronize()
+        cache = backend.forward_metadata.sparse_prefill_cache
+        assert (cache.c0_combined_indices[9:] == -1).all() and (cache.c0_combined_lens[9:] == 0).all()
+        assert backend.forward_metadata.core_attn_metadata.seq_lens_casual[9:].tolist() == [1, 1, 1]
 
 
 def test_graph_refuses_beyond_twice_the_padding():
@@ -212,17 +221,17 @@ def test_graph_refuses_beyond_twice_the_padding():
 
 
 def test_copy_and_refresh_reset_the_cache():
-    session, device, fb = open_session(Case())
-    backend = session.model_runner.attn_backend
-    for method in ("copy_", "refresh_for_breakable_cuda_graph_replay_"):
-        backend.init_forward_metadata(fb)
-        backend.resolve_prefill_shared_read_ends(fb, num_qo_tokens=fb.num_tokens)
-        meta = backend.forward_metadata
-        meta.prefill_shared_reads_snapshotted = True
-        other = type(meta)(backend.build_core_metadata(fb))
-        getattr(meta, method)(other)
-        device.synchronize()
-        assert meta.sparse_prefill_cache is None and not meta.prefill_shared_reads_snapshotted, method
+    with open_session(Case()) as (session, device, fb):
+        backend = session.model_runner.attn_backend
+        for method in ("copy_", "refresh_for_breakable_cuda_graph_replay_"):
+            backend.init_forward_metadata(fb)
+            backend.resolve_prefill_shared_read_ends(fb, num_qo_tokens=fb.num_tokens)
+            meta = backend.forward_metadata
+            meta.prefill_shared_reads_snapshotted = True
+            other = type(meta)(backend.build_core_metadata(fb))
+            getattr(meta, method)(other)
+            device.synchronize()
+            assert meta.sparse_prefill_cache is None and not meta.prefill_shared_reads_snapshotted, method
 
 
 # Each contract fires on the one bug that breaks it (the corpus mutant), naming the rule.

@@ -34,6 +34,7 @@ from hypothesis.internal.conjecture import providers
 from hypothesis.internal.conjecture.engine import ConjectureRunner
 
 from harness.case import GRAPH_CONTRACTS
+from harness.choices import PROFILES
 from harness.coverage import Coverage
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
@@ -43,11 +44,6 @@ from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
 
-PROFILES = {
-    "dev": dict(max_examples=50, derandomize=False),
-    "ci": dict(max_examples=200, derandomize=True),
-    "nightly": dict(max_examples=5000, derandomize=False),
-}
 
 
 def keeps_database(profile: str, seed: Optional[int]) -> bool:
@@ -99,6 +95,9 @@ class CampaignResult:
     first_detection_seconds: Optional[float] = None
     minimal: Optional[CaseResult] = None
     cases_log: list[dict] = dataclasses.field(default_factory=list)  # one record per counted case, for plots
+    # the distinct failures (`failure_signature`) among the counted cases: what the progress line counts, as
+    # the end counts the failures it reports (it once counted failing cases: 13 so far, then 7 at the end)
+    failure_signatures: set = dataclasses.field(default_factory=set)
     stand_ins: list[dict] = dataclasses.field(default_factory=list)  # the target's stood-in modules, if any
     target_description: str = ""  # what exactly is under test: a package's version and the adapter driving it
     without: list[str] = dataclasses.field(default_factory=list)  # gate switches never drawn (--without, the target's)
@@ -241,6 +240,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
                                              position))
         result.coverage.add(case)
+        if judged.findings:
+            result.failure_signatures.add(failure_signature(judged))
         on_case(result)
         if judged.findings and result.first_detection_seconds is None:
             result.first_detection_examples = result.cases

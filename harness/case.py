@@ -34,6 +34,12 @@ MUTATION_TARGETS = ("batch", "other")
 KV_FORMATS = ("float32", "fp8_v4")
 FP8_V4_NOPE = 448  # the NoPE width of a DSV4 latent; the other 64 values are RoPE
 _LARGE_SEQ = 1 << 16
+# A case's limits, beyond anything the strategies draw (a batch of up to 65 requests and 32768 tokens,
+# two or three batches, 64 heads, SGLang's page 256, window 128 and top-k 512): a replay of one case far past them ran minutes, or overflowed deep
+# in the run (a data_seed of 2**70 in torch's generator), instead of being refused when it was read.
+LIMITS = {"batches": 16, "requests": 256, "tokens": 32_768, "heads": 128, "head_dim": 1024, "index_dim": 1024,
+          "swa_window": 8192, "index_topk": 8192, "page_size": 4096, "index_align": 4096, "mutation count": 1024,
+          "delay_cycles": 2**31 - 1, "data_seed": 2**32 - 1}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class Dims:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"dims.{name}={value!r}: must be an integer >= 1")
+            _check_limit(f"dims.{name}", value, LIMITS.get(name))
         if not self.layer_ratios:
             raise InvalidArgument("dims.layer_ratios is empty: give at least one layer, ratios from 0, 4, 128")
         for ratio in self.layer_ratios:
@@ -145,10 +152,16 @@ class Case:
         self.dims.validate()
         if not self.batches:
             raise InvalidArgument("batches is empty: a case runs at least one batch")
-        if self.delay_cycles < 0:
-            raise InvalidArgument(f"delay_cycles={self.delay_cycles}: must be >= 0")
+        _check_limit("batches", len(self.batches), LIMITS["batches"], what="batches")
+        for name in ("delay_cycles", "data_seed"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 0")
+            _check_limit(name, getattr(self, name), LIMITS[name])
         for i, batch in enumerate(self.batches):
             where = f"batches[{i}]"
+            _check_limit(f"{where}.requests", len(batch.requests), LIMITS["requests"], what="requests")
+            _check_limit(f"{where}: tokens (the extend_len of its requests together)", batch.num_tokens,
+                         LIMITS["tokens"])
             if batch.mode is ForwardMode.IDLE:
                 if batch.requests:
                     raise InvalidArgument(f"{where}: an IDLE batch has no requests")
@@ -169,6 +182,7 @@ class Case:
                     raise InvalidArgument(f"{where}: mutation target {m.target!r} is not one of: {', '.join(MUTATION_TARGETS)}")
                 if m.count < 1:
                     raise InvalidArgument(f"{where}: mutation count {m.count} must be >= 1")
+                _check_limit(f"{where}: mutation count", m.count, LIMITS["mutation count"])
         return self
 
     # -- JSON -----------------------------------------------------------------------------
@@ -178,13 +192,19 @@ class Case:
 
     @staticmethod
     def from_json(text: str) -> "Case":
+        """`batches` must be given: every other field has a default a replay may leave out, but `{}`
+        once replayed a default batch and passed, a typo in a hand-written case reading as clean."""
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InvalidArgument(f"case: not valid JSON ({exc.msg} at char {exc.pos})") from None
         if not isinstance(raw, dict):
             raise InvalidArgument("case: expected a JSON object")
-        return _decode_case(raw).validate()
+        case = _decode_case(raw).validate()
+        if "batches" not in raw:
+            raise InvalidArgument("case: the field batches is missing: a case runs the batches it lists (a "
+                                  "finding's replay command holds a whole case)")
+        return case
 
     def summary(self) -> str:
         """One line a person can read: the geometry and the switches that matter."""
@@ -201,6 +221,14 @@ class Case:
             muts = ",".join(f"{m.kind}{'!' if m.poison else ''}" for m in b.mutations) or "-"
             parts.append(f"[{b.mode.name}{' graph' if b.graph else ''} {reqs} mut={muts}]")
         return " ".join(parts)
+
+
+def _check_limit(name: str, value: int, limit: int | None, *, what: str = "") -> None:
+    """`value` of the field `name` at most `limit` (`LIMITS`; None: no limit)."""
+    if limit is not None and value > limit:
+        counted = f" {what}" if what else ""
+        raise InvalidArgument(f"{name}: {value:,}{counted} is over the limit of {limit:,}{counted} "
+                              f"(the harness's limits: {', '.join(f'{k} {v:,}' for k, v in LIMITS.items())})")
 
 
 def _encode(value: Any) -> Any:

@@ -10,24 +10,31 @@ report-dir); the command line wins.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import traceback
+from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
 
-from harness import nightly
-from harness.commands import csan, explore, mutants, replay, run, triage
-from harness.commands.options import HarnessParser
+from harness.commands.parsers import PARSERS, HarnessParser
 from harness.errors import ExitCode, HarnessError, describe_internal_error
 from harness.project_config import find_pyproject, project_defaults
-from harness.sanitizer import cli as sanitize_cli
-from reports import cli as report_cli
-from reports import merge
 
-# The subcommands by name. This module only builds the parser and dispatches: each subcommand's options and
-# its run are in its own module, `add_parser(sub)` and `run(args)` (`harness.commands`, and the four that
-# live beside their feature).
-COMMANDS = {"run": run, "replay": replay, "explore": explore, "triage": triage, "csan": csan, "mutants": mutants,
-            "sanitize": sanitize_cli, "report": report_cli, "merge": merge, "nightly": nightly}
+# The subcommands by name: the module whose `run(args)` runs each (`harness.commands`, and the four that live
+# beside their feature). This module builds the parser (`harness.commands.parsers`) and imports only the
+# chosen command's module, after parsing: --help, --version and usage errors never load torch.
+COMMANDS = {"run": "harness.commands.run", "replay": "harness.commands.replay", "explore": "harness.commands.explore",
+            "triage": "harness.commands.triage", "csan": "harness.commands.csan", "mutants": "harness.commands.mutants",
+            "sanitize": "harness.sanitizer.cli", "report": "reports.cli", "merge": "reports.merge",
+            "nightly": "harness.nightly"}
+
+
+def harness_version() -> str:
+    """The installed distribution's version; a checkout run without `pip install` has none to report."""
+    try:
+        return version("dsv4-race-harness")
+    except PackageNotFoundError:
+        return "unknown (not installed: run from a checkout)"
 
 
 def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
@@ -35,9 +42,10 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     replace the built-in defaults of every subcommand that has the option, in --help too."""
     parser = HarnessParser(prog="python -m harness", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {harness_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=HarnessParser)
-    for command in COMMANDS.values():
-        command.add_parser(sub)
+    for add_parser in PARSERS.values():
+        add_parser(sub)
     for subparser in sub.choices.values():
         known = {action.dest for action in subparser._actions}
         subparser.set_defaults(**{dest: value for dest, value in (defaults or {}).items() if dest in known})
@@ -45,12 +53,20 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command's exit code (`ExitCode`), argparse's own included: 0 after --help or --version, 2 for a
+    usage error it found."""
     try:
-        args = build_parser(project_defaults(find_pyproject())).parse_args(argv)
-        return COMMANDS[args.command].run(args)
+        try:
+            args = build_parser(project_defaults(find_pyproject())).parse_args(argv)
+        except SystemExit as exc:
+            return exc.code
+        return importlib.import_module(COMMANDS[args.command]).run(args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # SIGINT in a command that has no case stream to stop between (replay, explore)
+        print("\ninterrupted by SIGINT before the command finished: it wrote nothing", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001  the harness's own bug: reported as such, never as exit 1 ("found")
         traceback.print_exc()
         print(describe_internal_error(exc), file=sys.stderr)

@@ -5,8 +5,10 @@ drawing cases, finish the case in flight, and still write its summary and page. 
 KeyboardInterrupt cannot promise that: it is raised wherever the interpreter happens to be, and was
 measured landing in a garbage-collector callback, where it was swallowed and the campaign ran on to
 its end. So the handler here only sets a flag, which the campaign reads between cases. A second
-signal means "now": the handler calls `on_second` (to pass the signal on to child processes) and
-exits at once with `ExitCode.INTERRUPTED`.
+signal means "now" for the cases: the handler calls `on_second` (to pass the signal on to child
+processes) and exits at once with `ExitCode.INTERRUPTED`. Once the run is writing its report
+(`StopRequest.writing`), no signal stops it: a second press a second after the first once threw away
+a complete summary, left in a hidden staging folder, because the rename never came.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class StopRequest:
                  on_second: Callable[[int], None] = lambda signum: None):
         self.signal_name: Optional[str] = None
         self._on_first, self._on_second = on_first, on_second
+        self._writing = False
 
     def forward_to(self, forward: Callable[[int], None]) -> None:
         """Pass every signal on (to child processes that lead their own process groups), and the one
@@ -45,7 +48,16 @@ class StopRequest:
         """The signal's name once one came, else None: a campaign's `should_stop`."""
         return self.signal_name
 
+    def writing(self) -> None:
+        """From here to the end of the block the run writes its report: signals are noted, never acted on."""
+        self._writing = True
+        if self.requested:
+            os.write(2, f"{self.signal_name}: writing the report (a further signal waits for it)\n".encode())
+
     def handle(self, signum: int, frame) -> None:
+        if self._writing:
+            os.write(2, f"\n{signal.Signals(signum).name}: the report is being written; exiting when it is\n".encode())
+            return
         if self.requested:
             self._on_second(signum)
             os.write(2, f"\n{signal.Signals(signum).name} again: exiting at once\n".encode())

@@ -1,9 +1,12 @@
 """`python -m harness nightly`: the nightly GPU job as one command, into one report folder.
 
 The steps run one after another, each in its own process (a step that kills its CUDA context does
-not take the others down): the pytest suite with one GPU per xdist worker, the fuzz campaign in the
-`nightly` profile (its example database kept in the folder), the mutant kill table, the sanitizer
-run, then the page. `nightly.json` records every step's command, exit code and time. On SIGINT or
+not take the others down): the `cases/` suite against the target under test (`--target`, or
+`[tool.dsv4-harness] target`), its xdist workers one per core and sharing the GPUs (the harness's
+own tests, `tests/`, only with `--self-tests`: they check the harness, not the user's SGLang, and
+they are its CI's job), the fuzz campaign in the `nightly` profile against the same target (its
+example database kept in the folder), the mutant kill table, the sanitizer run, then the page.
+On `--device cuda` without a visible GPU the nightly is refused before any step (exit 3). `nightly.json` records every step's command, exit code and time. On SIGINT or
 SIGTERM the step in flight gets the signal (it stops and writes what it has), no later step starts,
 and nightly.json and the page are still written (exit 4 unless something was found or broke). The exit code
 is the worst of the steps: 3 when any step could not run or could not vouch, else 1 when anything
@@ -18,15 +21,21 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.choices import NIGHTLY_STEPS as STEPS
+from harness.device import resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
+from harness.workers import cpu_cores
 from reports.folder import MUTANTS, NIGHTLY, SUMMARY
 from reports.writers import refuse_other_runs, write_json_atomically
 
-STEPS = ("pytest", "campaign", "mutants", "sanitize")
+# pytest's own exit codes (`pytest.ExitCode`): 2 is its interruption, 3 its internal error, 4 a usage
+# error and 5 "no tests collected", the last three a step that could not run
+PYTEST_OUTCOMES = {0: "clean", 1: "found", 2: "interrupted"}
+HARNESS_OUTCOMES = {ExitCode.OK: "clean", ExitCode.FOUND: "found", ExitCode.INTERRUPTED: "interrupted"}
 
 
 @dataclass
@@ -41,15 +50,18 @@ class Step:
 def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
          skip: frozenset[str], shard: Shard = WHOLE, overwrite: bool = False,
          progress_every: float = PROGRESS_EVERY_S, seed: int | None = None,
-         example_dbs: tuple[str, ...] = ()) -> list[Step]:
-    """`workers`: pytest's xdist workers and the campaign's (one per GPU with auto). `shard`: this
-    host's part of the suite, the case stream and the mutants (`run` leaves the sanitizer out of
-    every part but the first)."""
+         example_dbs: tuple[str, ...] = (), target: str = "reference", self_tests: bool = False) -> list[Step]:
+    """`workers`: the campaign's (one per GPU with auto) and pytest's xdist workers (auto: one per
+    core, sharing the GPUs on cuda: a case is mostly host work, and one worker per GPU left 15 of an
+    H200 host's 16 cores idle). `target`: what the cases and the campaign judge. `self_tests`: the
+    harness's own tests too. `shard`: this host's part of the suite, the case stream and the mutants
+    (`run` leaves the sanitizer out of every part but the first)."""
     python = sys.executable
     folder = str(report_dir)
     replace = ["--overwrite"] if overwrite else []
     parts = ["--shard", str(shard)] if shard.count > 1 else []
-    campaign = [python, "-m", "harness", "run", "--device", device, "--profile", "nightly", "--semantics", semantics,
+    campaign = [python, "-m", "harness", "run", "--target", target, "--device", device, "--profile", "nightly",
+                "--semantics", semantics,
                 "--report-dir", folder, "--workers", workers, "--progress-every", str(progress_every),
                 *parts, *replace] + (["--examples", str(examples)] if examples else []) + (
                    ["--seed", str(seed)] if seed is not None else []) + [
@@ -57,14 +69,22 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     steps = [
         # `--option=value`: before the plugins load, pytest reads a separate value as a test path
         # and takes the report folder for the rootdir, missing the project's conftest and tests
-        Step("pytest", [python, "-m", "pytest", "-n", workers, f"--harness-device={device}",
-                        f"--harness-report={folder}", "-q"] + ([f"--harness-shard={shard}"] if parts else [])),
+        Step("pytest", [python, "-m", "pytest", *pytest_workers(workers, device), f"--harness-device={device}",
+                        f"--harness-target={target}", f"--harness-report={folder}", "-q"]
+             + ([f"--harness-shard={shard}"] if parts else []) + ["cases"] + (["tests"] if self_tests else [])),
         Step("campaign", campaign),
         Step("mutants", [python, "-m", "harness", "mutants", "--device", device, "--semantics", semantics,
                          "--report-dir", folder, *parts, *replace]),
         Step("sanitize", [python, "-m", "harness", "sanitize", "--tool", "all", "--jobs", "4", "--report-dir", folder]),
     ]
     return [s if s.name not in skip else Step(s.name, s.command, outcome="skipped") for s in steps]
+
+
+def pytest_workers(workers: str, device: str) -> list[str]:
+    """The pytest step's xdist options: auto is one worker per core (on cuda sharing the GPUs, as
+    `--gpu-share` allows); a number is that many, sharing the GPUs on cuda too."""
+    count = str(cpu_cores()) if workers == "auto" else workers
+    return ["-n", count] + (["--gpu-share"] if device == "cuda" else [])
 
 
 def parse_skip(text: str | None) -> frozenset[str]:
@@ -94,8 +114,8 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
                             and step_process.send_signal(signum))
         step.exit_code = proc.wait()
         step.seconds = round(time.perf_counter() - began, 1)
-        step.outcome = {ExitCode.OK: "clean", ExitCode.FOUND: "found", ExitCode.INTERRUPTED: "interrupted"}.get(step.exit_code,
-                                                                                                   "broken")
+        outcomes = PYTEST_OUTCOMES if step.name == "pytest" else HARNESS_OUTCOMES
+        step.outcome = outcomes.get(step.exit_code, "broken")
         if stop is not None and stop.requested and step.outcome == "broken" and step.exit_code < 0:
             step.outcome = "interrupted"  # a step that does not catch the signal (pytest) dies of it
         log(f"[{step.name}] {step.outcome} (exit {step.exit_code}, {step.seconds}s)")
@@ -104,61 +124,37 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
             else ExitCode.INTERRUPTED if "interrupted" in outcomes else ExitCode.OK)
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("nightly", help="the nightly GPU job: pytest (one GPU per worker), a nightly campaign, "
-                                            "the mutant table and the sanitizer run, into one report folder")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder, one for every step")
-    parser.add_argument("--device", default="cuda", help="cuda | cpu (a dry run of the same steps)")
-    parser.add_argument("--examples", type=int, default=None, help="campaign size (none given: the nightly profile's)")
-    parser.add_argument("--workers", default="auto", help="pytest-xdist workers (auto: one per GPU)")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(STEPS)} "
-                                                     "(none given: none)")
-    parser.add_argument("--shard", default="1/1", help="K/N: this host's part of the suite, the campaign's case "
-                                                       "stream and the mutants (the sanitizer runs in part 1); "
-                                                       "merge the hosts' folders with `harness merge`")
-    parser.add_argument("--seed", type=int, default=None, help="the campaign's seed; with --shard, the same on every "
-                                                               "host (none given: a random one)")
-    parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
-                        help="the campaign's shared example database (repeatable; see `run --help`)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the nightly already in --report-dir")
-    parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                        help="the campaign's progress line, off a terminal, this often")
-
-
 def run(args) -> int:
-    if args.device not in ("cuda", "cpu"):
-        raise InvalidArgument(f"--device={args.device!r} is not one of: cuda, cpu")
     if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) > 0):
         raise InvalidArgument(f"--workers={args.workers!r}: auto or a number of workers > 0")
-    if args.examples is not None and args.examples < 1:
-        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
-    if not args.progress_every >= 0:
-        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
     shard = Shard.parse(args.shard)
     if shard.count > 1 and args.seed is None:
         raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "
                               "campaigns are parts of one case stream")
     skip = parse_skip(args.skip)
+    device = resolve_device(args.device)  # no GPU on --device cuda: exit 3 now, not four failed steps later
     if shard.index > 1:
         print(f"[sanitize] runs in shard 1 of {shard.count} only")
         skip |= {"sanitize"}
     report_dir = Path(args.report_dir)
     refuse_other_runs(report_dir, (NIGHTLY, SUMMARY, MUTANTS), overwrite=args.overwrite)
     report_dir.mkdir(parents=True, exist_ok=True)
-    steps = plan(report_dir, device=args.device, examples=args.examples, workers=args.workers,
+    steps = plan(report_dir, device=device, examples=args.examples, workers=args.workers,
                  semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
                  progress_every=args.progress_every, seed=args.seed,
-                 example_dbs=tuple(check_shared(spec) for spec in args.example_db))
+                 example_dbs=tuple(check_shared(spec) for spec in args.example_db), target=args.target,
+                 self_tests=args.self_tests)
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
+        stop.writing()
         write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "interrupted": stop.signal_name,
                                                             "steps": [asdict(s) for s in steps]})
-        code = _render_and_judge(report_dir, code, args.device)
+        campaign_found = any(s.name == "campaign" and s.outcome == "found" for s in steps)
+        code = _render_and_judge(report_dir, code, device, campaign_found=campaign_found)
     return code
 
 
-def _render_and_judge(report_dir: Path, code: int, device: str) -> int:
+def _render_and_judge(report_dir: Path, code: int, device: str, *, campaign_found: bool) -> int:
     # The page's own verdict counts too: a surviving mutant or a missed planted bug is BROKEN (exit 3).
     began = time.time()
     rendered = subprocess.run([sys.executable, "-m", "harness", "report", str(report_dir)]).returncode
@@ -168,6 +164,8 @@ def _render_and_judge(report_dir: Path, code: int, device: str) -> int:
         code = ExitCode.BROKEN
     else:
         code = max(code, rendered)
-    print(f"nightly: exit {code}; report: {report_dir / 'index.html'}; replay the campaign's failures with: "
-          f"python -m harness run --device {device} --profile nightly --report-dir {report_dir} --from-db")
+    print(f"nightly: exit {code}; report: {report_dir / 'index.html'}")
+    if campaign_found:
+        print(f"replay the campaign's failures with: python -m harness run --device {device} --profile nightly "
+              f"--report-dir {report_dir} --from-db")
     return code

@@ -49,14 +49,13 @@ class CampaignProgress:
             self._bar.stop()
 
     def line(self, result) -> str:
-        """The plain progress line: cases, rate, ETA, findings so far."""
+        """The plain progress line: cases, rate, ETA, distinct failures so far (the count the run ends with)."""
         elapsed = time.monotonic() - self._started
         rate = result.cases / elapsed if elapsed > 0 else 0.0
         left = max(0, self.total - result.cases)
         eta = _duration(left / rate) if rate > 0 else "unknown"
-        found = sum(1 for record in result.cases_log if record["outcome"] == "found")
         return (f"{self.label}: {result.cases}/{self.total} cases, {rate:.2f} cases/s, ETA {eta}, "
-                f"{found} finding(s) so far")
+                f"{len(result.failure_signatures)} failure(s) so far")
 
     def update(self, result) -> None:
         if self.verbosity == QUIET:

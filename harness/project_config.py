@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from harness.campaign import PROFILES
+from harness.choices import PROFILES
 from harness.case import SEMANTICS
 from harness.errors import InvalidArgument
 

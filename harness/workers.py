@@ -67,11 +67,16 @@ def visible_gpus() -> list[str]:
 
 def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, share: bool = False) -> int:
     """`auto`: one per visible GPU on CUDA, one per core on the CPU; a number is taken as it is, but
+    never more than the cores (64 workers on 2 cores once ran a minute without a line of output), and
     on CUDA never more workers than GPUs (each worker has a GPU of its own) unless `share`. `auto`
     with `share`: one worker per two cores (each worker is two processes, itself and the child that
     judges its cases), at least one per GPU."""
     if spec != "auto" and not (spec.isdigit() and int(spec) > 0):
         raise InvalidArgument(f"--workers={spec!r}: auto or a number of workers > 0")
+    if spec != "auto" and int(spec) > cpu_cores():
+        raise InvalidArgument(f"--workers={spec}: more workers than the {cpu_cores()} core(s) this process may run "
+                              "on; each worker is a process judging cases, and more of them than cores only wait "
+                              f"for each other: use at most {cpu_cores()}, or auto")
     if device != "cuda":
         return cpu_cores() if spec == "auto" else int(spec)
     if not gpus:

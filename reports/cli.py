@@ -12,9 +12,9 @@ from pathlib import Path
 from harness.errors import EnvironmentBroken, ExitCode
 from reports import junit
 from reports.folder import load_folder
-from reports.verdict import BROKEN, FOUND, Verdict, judge
+from reports.verdict import BROKEN, FOUND, INTERRUPTED, Verdict, judge
 
-EXIT_CODES = {FOUND: ExitCode.FOUND, BROKEN: ExitCode.BROKEN}  # CLEAN: ExitCode.OK
+EXIT_CODES = {FOUND: ExitCode.FOUND, BROKEN: ExitCode.BROKEN, INTERRUPTED: ExitCode.INTERRUPTED}  # CLEAN: ExitCode.OK
 
 
 def render_folder(path: Path, pytest_junit: Path | None = None,
@@ -40,13 +40,8 @@ def render_folder(path: Path, pytest_junit: Path | None = None,
     return written, judge(folder)
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("report", help="re-render a report folder's index.html and JUnit files from its JSON")
-    parser.add_argument("dir", help="the report folder (holding summary.json, mutants.json, ...)")
-
-
 def run(args) -> int:
-    """Exit 0 clean, 1 found, 3 broken: the verdict the page shows."""
+    """Exit 0 clean, 1 found, 3 broken, 4 interrupted: the verdict the page shows."""
     written, verdict = render_folder(Path(args.dir))
     for path in written:
         print(f"wrote {path}")

@@ -251,14 +251,6 @@ def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
     return sorted(into.iterdir()), verdict, summary
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("merge", help="merge the report folders of shards, workers or hosts into one, with one "
-                                          "page")
-    parser.add_argument("dirs", nargs="+", metavar="DIR", help="the report folders to merge")
-    parser.add_argument("--into", required=True, metavar="DIR", help="the merged report folder")
-    parser.add_argument("--overwrite", action="store_true", help="replace a merged folder that is already there")
-
-
 def run(args) -> int:
     """Exit 0 clean, 1 found, 3 broken (the merged page's verdict), 2 for a folder that does not belong."""
     written, verdict, summary = merge_folders(args.dirs, Path(args.into), overwrite=args.overwrite)

@@ -1,10 +1,14 @@
-"""The one word at the top of the report: FOUND, BROKEN or CLEAN, and why.
+"""The one word at the top of the report: FOUND, BROKEN, INTERRUPTED or CLEAN, and why.
 
 FOUND: something in the target was found (a campaign finding, a contract break, a sanitizer finding
 on a clean kernel, a failed test). BROKEN: the run cannot vouch for its own result (a mutant
 survived, a planted sanitizer bug went unseen, a tool failed, nothing ran, the GPU was suspect).
-CLEAN only when every part that is present ran and found nothing. FOUND wins over BROKEN because it
-is news about the target; every reason of both kinds is listed under the headline.
+INTERRUPTED: a signal stopped a run that had found nothing and was otherwise sound: the report holds
+the cases before it, and `run` exits 4 for it, as `report` and `merge` do for the page (it was once
+4 from `run`, 3 from `report`, and BROKEN on the page beside a green "clean"). CLEAN only when every
+part that is present ran to its end and found nothing. FOUND wins over BROKEN because it is news
+about the target, BROKEN over INTERRUPTED because a cut-short run is still sound in what it did;
+every reason of each kind is listed under the headline.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass, field
 
 from reports.folder import ReportFolder
 
-FOUND, BROKEN, CLEAN = "FOUND", "BROKEN", "CLEAN"
+FOUND, BROKEN, INTERRUPTED, CLEAN = "FOUND", "BROKEN", "INTERRUPTED", "CLEAN"
 OK = "ok"  # a part that ran as it should
 
 
@@ -23,6 +27,7 @@ class Verdict:
     reason: str
     found: list[str] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
 
 
 def _first_line(text: str, width: int = 160) -> str:
@@ -49,8 +54,9 @@ def sanitizer_outcome(result: dict) -> tuple[str, str]:
     return OK, f"{where}: found the planted {expected}"
 
 
-def campaign_reasons(summary: dict, label: str) -> tuple[list[str], list[str]]:
-    found, broken = [], []
+def campaign_reasons(summary: dict, label: str) -> tuple[list[str], list[str], list[str]]:
+    """(found, broken, interrupted) reasons of one campaign summary."""
+    found, broken, interrupted = [], [], []
     if summary["cases"] == 0:
         broken.append(f"{label} ran no cases")
     findings = summary["findings"]
@@ -59,25 +65,26 @@ def campaign_reasons(summary: dict, label: str) -> tuple[list[str], list[str]]:
         found.append(f"{label}: {len(findings)} finding(s) in {summary['cases']} cases; first "
                      f"{first['oracle']}/{first['kind']}: {_first_line(first['message'], 120)}")
     if summary.get("interrupted"):
-        broken.append(f"{label} was interrupted by {summary['interrupted']} after {summary['cases']} cases: it is "
-                      "incomplete")
+        interrupted.append(f"{label} was interrupted by {summary['interrupted']} after {summary['cases']} cases: "
+                           "the report holds them")
     if summary.get("shards_missing"):
         broken.append(f"{label}: shard(s) {', '.join(map(str, summary['shards_missing']))} missing from the merge: "
                       "the campaign is incomplete")
     telemetry = summary.get("telemetry")
     if telemetry and telemetry["suspect"]:
         broken.append(f"{label}: the GPU was suspect ({'; '.join(telemetry['reasons']) or 'no reason given'})")
-    return found, broken
+    return found, broken, interrupted
 
 
 def judge(folder: ReportFolder) -> Verdict:
-    found, broken, ran = [], [], []
+    found, broken, interrupted, ran = [], [], [], []
     if folder.empty:
         broken.append("the report folder holds none of the report files: nothing ran, or nothing was written")
     if folder.summary is not None:
-        f, b = campaign_reasons(folder.summary, "campaign")
+        f, b, i = campaign_reasons(folder.summary, "campaign")
         found += f
         broken += b
+        interrupted += i
         ran.append(f"{folder.summary['cases']} campaign cases")
     if folder.triage is not None:
         for kind in ("contract", "static"):
@@ -87,9 +94,10 @@ def judge(folder: ReportFolder) -> Verdict:
                 found.append(f"triage: {len(breaks)} {kind} break(s); first {first['cls']}.{first['attribute']} "
                              f"missing ({first['file']}:{first['line']})")
         if folder.triage["campaign"] is not None:
-            f, b = campaign_reasons(folder.triage["campaign"], "triage campaign")
+            f, b, i = campaign_reasons(folder.triage["campaign"], "triage campaign")
             found += f
             broken += b
+            interrupted += i
         ran.append("triage")
     if folder.versions is not None:
         if folder.versions["first_failing"]:
@@ -137,14 +145,13 @@ def judge(folder: ReportFolder) -> Verdict:
             elif step["outcome"] == "broken":
                 broken.append(f"{where}: could not run or could not vouch")
             elif step["outcome"] == "interrupted":
-                broken.append(f"nightly step {step['name']} was interrupted"
+                interrupted.append(f"nightly step {step['name']} was interrupted"
                               f"{' by ' + folder.nightly['interrupted'] if folder.nightly.get('interrupted') else ''}")
         ran.append(f"{len(folder.nightly['steps'])} nightly steps")
-    if found:
-        return Verdict(FOUND, _headline(found), found, broken)
-    if broken:
-        return Verdict(BROKEN, _headline(broken), found, broken)
-    return Verdict(CLEAN, "nothing found in " + ", ".join(ran), found, broken)
+    for status, reasons in ((FOUND, found), (BROKEN, broken), (INTERRUPTED, interrupted)):
+        if reasons:
+            return Verdict(status, _headline(reasons), found, broken, interrupted)
+    return Verdict(CLEAN, "nothing found in " + ", ".join(ran), found, broken, interrupted)
 
 
 def _first_problem(run, status: str) -> str:

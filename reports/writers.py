@@ -9,9 +9,13 @@ rename for all of them (`replace_report`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import shutil
+import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -42,6 +46,40 @@ def write_json_atomically(path: Path, data) -> None:
     write_text_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
+def report_folder(value: str) -> Path:
+    """argparse `type=` of every report folder option: refused before any work (exit 2) when the run
+    could not replace it at its end. The folder is swapped in by renaming a staging sibling over it,
+    so it must have a name of its own (not "", ".", ".." or "/": `out/..` was once copied into its
+    own staging folder until the name was too long), must not be the working folder or hold it, and
+    the folder its staging sibling goes into must be creatable (not under /proc, not under a file)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path: give the report folder's name")
+    path = Path(value)
+    if path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{value!r} ends in '.', '..' or '/': the report folder is replaced by a "
+                                         "rename, so it needs a name of its own (harness-report, say)")
+    resolved, here = path.resolve(), Path.cwd().resolve()
+    if resolved == here or resolved in here.parents:
+        raise argparse.ArgumentTypeError(f"{value!r} is the working folder or holds it: the report folder is "
+                                         "replaced as a whole; give a folder of its own")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: exists and is not a directory")
+    _check_creatable(resolved.parent, value)
+    return path
+
+
+def _check_creatable(parent: Path, value: str) -> None:
+    """The nearest existing folder above `parent` (or `parent` itself) takes a new folder: tried, not guessed
+    from permission bits (root may write anywhere by those, yet not under /proc)."""
+    existing = next(folder for folder in (parent, *parent.parents) if folder.exists())
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: {existing} is a file, so no folder can be made under it")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".harness-probe-", dir=existing))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{value}: no folder can be made in {existing} ({exc.strerror})") from None
+
+
 def refuse_other_runs(report_dir: Path, own_files: tuple[str, ...], *, overwrite: bool,
                       flag: str = "--report-dir") -> None:
     """A report folder that already holds a run of this kind (one of `own_files`) is another run's:
@@ -54,6 +92,40 @@ def refuse_other_runs(report_dir: Path, own_files: tuple[str, ...], *, overwrite
     if held and not overwrite:
         raise InvalidArgument(f"{flag} {report_dir}: the folder holds another run's report ({', '.join(held)}); "
                               "choose another folder, or pass --overwrite to replace it")
+    for left in leftover_staging(report_dir):
+        if any(left.iterdir()):
+            print(f"warning: {left} was left by a run that was killed while it wrote its report into {report_dir}; "
+                  "it may hold that report: look at it, then remove it", file=sys.stderr)
+        else:
+            shutil.rmtree(left, ignore_errors=True)
+
+
+# `new_staging_folder`'s names, and `swap_in`'s name for the old folder on its way out
+_STAGING = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.(new|old)")
+
+
+def leftover_staging(report_dir: Path) -> list[Path]:
+    """The staging folders of `report_dir` whose run is dead: a run killed (SIGKILL, power loss) between
+    writing its staging folder and renaming it over the report leaves it behind, hidden."""
+    report_dir = Path(report_dir)
+    if not report_dir.parent.is_dir():
+        return []
+    left = []
+    for entry in sorted(report_dir.parent.iterdir()):
+        match = _STAGING.fullmatch(entry.name)
+        if match and match["name"] == report_dir.name and entry.is_dir() and not _alive(int(match["pid"])):
+            left.append(entry)
+    return left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def replace_report(report_dir: Path, replaced: tuple[str, ...], build: Callable[[Path], None],

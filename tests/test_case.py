@@ -35,6 +35,21 @@ def test_json_round_trip():
     ('{"spec": 3}', "case.spec=3: expected the algorithm's name"),
     ('{"batches": [{"mode": 1}]}', r"case.batches\[0\].mode=1 is not one of: EXTEND"),
     ('{"batches": [{"requests": [{"prefix_len": 1}]}]}', "missing 1 required positional argument: 'extend_len'"),
+    # once a default case that passed
+    ("{}", "case: the field batches is missing"),
+    ('{"semantics": "pr"}', "case: the field batches is missing"),
+    # once an overflow deep in the run, or a replay of minutes: each limit named, with all of them
+    ('{"batches": [{}], "data_seed": 1180591620717411303424}', r"data_seed: 1,180,591,620,717,411,303,424 is over "
+                                                               r"the limit of 4,294,967,295 \(the harness's limits: "),
+    ('{"batches": [{}], "data_seed": -1}', "data_seed=-1: must be >= 0"),
+    ('{"batches": [{}], "delay_cycles": 1180591620717411303424}', "delay_cycles: .* is over the limit of"),
+    ('{"batches": [{"requests": [' + ", ".join(['{"prefix_len": 0, "extend_len": 1}'] * 100_000) + ']}]}',
+     r"batches\[0\].requests: 100,000 requests is over the limit of 256 requests"),
+    ('{"batches": [{"requests": [{"prefix_len": 0, "extend_len": 60000}]}]}',
+     r"batches\[0\]: tokens \(the extend_len of its requests together\): 60,000 is over the limit of 32,768"),
+    ('{"batches": [{}], "dims": {"heads": 100000}}', "dims.heads: 100,000 is over the limit of 128"),
+    ('{"batches": [{}], "dims": {"page_size": 1000000000}}', "dims.page_size: 1,000,000,000 is over the limit of 4,096"),
+    ('{"batches": [' + ", ".join(["{}"] * 17) + ']}', "batches: 17 batches is over the limit of 16 batches"),
 ])
 def test_bad_case_is_named(text, needle):
     with pytest.raises(InvalidArgument, match=needle):
@@ -42,7 +57,7 @@ def test_bad_case_is_named(text, needle):
 
 
 def test_mtp_is_an_alias_of_nextn():
-    assert Case.from_json('{"spec": "MTP"}').spec.name == "NEXTN"
+    assert Case.from_json('{"spec": "MTP", "batches": [{}]}').spec.name == "NEXTN"
 
 
 def test_impossible_geometry():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,11 +16,17 @@ from harness import cli
 from harness.commands import replay as replay_command
 from harness.commands import triage as triage_command
 from harness.errors import ExitCode
+from harness.workers import cpu_cores
+
+
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 def harness(*args, cwd=None):
+    """`python -m harness` of this checkout, from any folder (an installed copy elsewhere would come first)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+                          timeout=600, env=env)
 
 
 def test_clean_run_exits_0_and_writes_the_summary(tmp_path):
@@ -50,17 +58,60 @@ def test_finding_exits_1_and_its_replay_command_reproduces_it(tmp_path):
     (["run", "--examples", "0"], "--examples"),
     (["replay", "--case", "{]"], "not valid JSON"),
     (["frobnicate"], "invalid choice"),
+    (["run", "--examples", "10000000000000000000"], "argument --examples: 10000000000000000000 is out of range: "
+                                                    "an integer from 1 to 1,000,000"),
+    (["run", "--examples", "1e3"], "argument --examples: '1e3' is not an integer from 1 to 1,000,000"),
+    (["run", "--progress-every", "nan"], "argument --progress-every: nan: a finite number of seconds >= 0"),
+    (["run", "--oracles", ""], "--oracles='' names no oracle; give a comma-separated subset of: execution"),
+    (["run", "--target", "no_such_module:factory"], "--target='no_such_module:factory': no module named "
+                                                    "'no_such_module'; allowed: reference, sglang"),
+    (["run", "--workers", str(cpu_cores() + 1)], f"--workers={cpu_cores() + 1}: more workers than the "
+                                                 f"{cpu_cores()} core(s)"),
+    (["nightly", "--device", "tpu"], "argument --device: 'tpu' is not one of: cuda, cpu"),
+    (["mutants", "--semantics", "0.6"], "argument --semantics: '0.6' is not one of: pr, 0.5.23"),
+    (["replay", "--case", "{}"], "case: the field batches is missing"),
+    (["replay", "--case", '{"batches": [{}], "data_seed": 1180591620717411303424}'],
+     "data_seed: 1,180,591,620,717,411,303,424 is over the limit of 4,294,967,295"),
+    (["replay", "--case", '{"batches": [{"requests": [{"prefix_len": 0, "extend_len": 60000}]}]}'],
+     "60,000 is over the limit of 32,768"),
 ])
-def test_bad_usage_exits_2_with_the_allowed_values(args, needle):
-    out = harness(*args)
+def test_bad_usage_exits_2_with_the_allowed_values(args, needle, tmp_path):
+    out = harness(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert needle in out.stderr
     assert "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == [], "a refused command wrote something"
 
 
-def test_missing_module_target_exits_3():
-    out = harness("run", "--device", "cpu", "--target", "no_such_module:factory")
-    assert out.returncode == 3 and "cannot import" in out.stderr
+@pytest.mark.parametrize("report_dir, needle", [
+    ("/proc/x/y", "no folder can be made in /proc"),
+    ("/proc/x", "no folder can be made in /proc"),
+    ("a-file/report", "a-file is a file, so no folder can be made under it"),
+    ("", "an empty path"),
+    (".", "needs a name of its own"),
+    ("out/..", "needs a name of its own"),
+    ("out/../..", "needs a name of its own"),
+    ("../" + "{cwd}", "is the working folder or holds it"),
+])
+def test_a_report_dir_the_run_could_not_replace_exits_2_before_the_first_case(tmp_path, report_dir, needle):
+    """Each of these once ran the whole campaign and lost its results to a traceback at the end
+    (`out/..` copied the folder into itself until the name was too long)."""
+    (tmp_path / "a-file").write_text("a file")
+    (tmp_path / "out").mkdir()
+    out = harness("run", "--device", "cpu", "--examples", "2", "--report-dir", report_dir.format(cwd=tmp_path.name),
+                  cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "argument --report-dir: " in out.stderr and needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "cases on cpu" not in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "out"] and not any((tmp_path / "out").iterdir())
+
+
+def test_a_target_module_that_fails_to_import_its_own_dependency_exits_3(tmp_path):
+    """A module that is there but cannot load (a missing package behind it) is the environment, not usage."""
+    (tmp_path / "needs_a_package.py").write_text("import no_such_package_anywhere\n")
+    out = harness("run", "--device", "cpu", "--target", "needs_a_package:factory", cwd=tmp_path)
+    assert out.returncode == 3 and "cannot import 'needs_a_package'" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here: --device cuda is valid")

@@ -4,6 +4,7 @@ progress lines off a terminal."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,10 @@ SMALL = ["run", "--device", "cpu", "--examples", "4"]
 
 
 def harness(*args, cwd=None):
-    """`python -m harness` in a child whose stderr is a pipe, not a terminal (as in a CI log)."""
+    """`python -m harness` of this checkout in a child whose stderr is a pipe, not a terminal (as in a CI log)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+                          timeout=600, env=env)
 
 
 def subparsers():
@@ -29,18 +31,43 @@ def subparsers():
 
 @pytest.mark.parametrize("command", sorted(subparsers()))
 def test_help_states_every_options_default(command):
+    """Once: "(default: None)" on required options, "(default: reference) (default: reference)", "(default: [])"."""
     parser = subparsers()[command]
     formatter = parser.formatter_class(prog=parser.prog)
     for action in parser._actions:
-        if action.dest == "help" or action.required or not (action.option_strings or action.nargs == "*"):
+        if action.dest == "help" or not action.option_strings:
             continue
-        assert action.help, f"{command} {action.option_strings or action.dest}: no help text"
-        assert "%(default)s" in formatter._get_help_string(action), f"{command} {action.dest}: no default shown"
+        assert action.help, f"{command} {action.option_strings}: no help text"
+        shown = formatter._get_help_string(action)
+        if action.required:
+            assert shown.endswith(" (required)") and "default" not in shown, f"{command} {action.dest}: {shown}"
+        elif action.default in (None, []):
+            assert "none given: " in shown and "%(default)" not in shown, f"{command} {action.dest}: {shown}"
+        else:
+            assert shown.count("(default:") == 1, f"{command} {action.dest}: {shown}"
+    text = " ".join(parser.format_help().split())
+    assert "(default: None)" not in text and "(default: [])" not in text
     if command == "run":
         text = " ".join(parser.format_help().split())
         for shown in ("(default: ci)", "(default: 0.5.23)", "(default: harness-report)", "(default: 1/1)",
                       "(default: 1)", "(default: 10.0)"):
             assert shown in text
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["nightly", "--help"], ["--version"],
+                                  ["run", "--examples", "0"], ["replay"], ["sanitize", "--tool", "nope"]])
+def test_help_version_and_usage_errors_do_not_load_torch(argv):
+    """Every call, --help included, once took about 4 s: the torch import."""
+    probe = "import sys\nfrom harness.cli import main\nprint('exit', main(sys.argv[1:]), 'torch loaded:', 'torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert "torch loaded: False" in done.stdout, done.stdout + done.stderr
+    assert ("exit 0" if argv[-1] in ("--help", "--version") else "exit 2") in done.stdout, done.stdout + done.stderr
+
+
+def test_version_names_the_harness():
+    done = harness("--version")
+    assert done.returncode == 0 and done.stdout.startswith("python -m harness "), done.stdout + done.stderr
 
 
 def test_pyproject_defaults_apply_and_the_command_line_wins(tmp_path):
@@ -100,7 +127,7 @@ def test_off_a_terminal_a_progress_line_is_plain_with_cases_rate_eta_and_finding
     lines = [line for line in normal.stderr.splitlines() if line.startswith("campaign: ")]
     assert len(lines) == 4, normal.stderr
     assert lines[-1].startswith("campaign: 4/4 cases, ") and "cases/s, ETA " in lines[-1]
-    assert lines[-1].endswith("0 finding(s) so far") and "\x1b[" not in normal.stderr  # no terminal codes
+    assert lines[-1].endswith("0 failure(s) so far") and "\x1b[" not in normal.stderr  # no terminal codes
 
 
 def test_q_prints_no_progress_and_v_a_line_per_case(tmp_path):
@@ -110,10 +137,22 @@ def test_q_prints_no_progress_and_v_a_line_per_case(tmp_path):
     assert "campaign: case 1 clean: " in verbose.stderr
 
 
-def test_the_progress_line_counts_the_findings_so_far(tmp_path):
+def test_the_progress_line_counts_the_failures_so_far(tmp_path):
     found = harness("run", "--device", "cpu", "--examples", "20", "--mutant", "scheduler_no_wait", "--no-shrink",
                     "--progress-every", "0", "--report-dir", str(tmp_path))
-    assert found.returncode == 1 and "1 finding(s) so far" in found.stderr
+    assert found.returncode == 1 and "1 failure(s) so far" in found.stderr
+
+
+def test_with_keep_going_the_progress_and_the_end_count_the_same_failures(tmp_path):
+    """It once said "13 finding(s) so far" (failing cases), then "7 finding(s)" at the end."""
+    found = harness("run", "--device", "cpu", "--profile", "dev", "--seed", "1", "--examples", "60", "--no-seeds",
+                    "--mutant", "scheduler_no_wait", "--keep-going", "3", "--no-shrink", "--progress-every", "0",
+                    "--report-dir", str(tmp_path))
+    assert found.returncode == 1, found.stdout + found.stderr
+    last = [line for line in found.stderr.splitlines() if line.startswith("campaign: ")][-1]
+    so_far = int(last.rsplit(", ", 1)[1].split()[0])
+    failures = len({f["replay"] for f in json.loads((tmp_path / "summary.json").read_text())["findings"]})
+    assert so_far == failures > 1 and f": {failures} failure(s), " in found.stdout, (last, found.stdout)
 
 
 def test_the_default_interval_is_ten_seconds():

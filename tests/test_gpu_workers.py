@@ -182,3 +182,34 @@ def test_the_worker_sees_only_its_pinned_gpu(pytestconfig):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == assignment.entry
     assert torch.cuda.device_count() == 1
     verify_pin(assignment, torch.cuda.device_count(), str(torch.cuda.get_device_properties(0).uuid))
+
+
+@pytest.mark.parametrize("context_error", ["CUDA error: device-side assert triggered", None])
+def test_a_test_that_breaks_the_cuda_context_is_named_by_the_device_tests_after_it(pytester, monkeypatch,
+                                                                                  context_error):
+    """On the H200 a device-side assert in one case failed the next case of its worker on the broken
+    context, as if the fault were that case's own. (The context's health is faked: a CPU host has none.)"""
+    from fixtures import plugin
+
+    monkeypatch.setattr(plugin, "cuda_context_error", lambda: context_error)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(test_after="""
+        def test_a_breaks_it(harness_device):
+            assert False
+
+        def test_b_on_the_device(harness_device):
+            pass
+
+        def test_c_without_the_device():
+            pass
+    """)
+    run = pytester.runpytest("-p", "fixtures.plugin", "-rA")
+    if context_error is None:
+        run.assert_outcomes(failed=1, passed=2)
+        assert "CUDA context" not in run.stdout.str()
+        return
+    run.assert_outcomes(failed=1, errors=1, passed=1)  # b fails at its setup: an error, in pytest's words
+    run.stdout.fnmatch_lines(["*not run: the CUDA context of this process was lost in test_after.py::test_a_breaks_it "
+                              "(CUDA error: device-side assert triggered)*"])
+    run.stdout.fnmatch_lines(["ERROR test_after.py::test_b_on_the_device*", "FAILED test_after.py::test_a_breaks_it*"])
+    assert "this failure left the CUDA context of this process unusable" in run.stdout.str()

@@ -70,6 +70,11 @@ def test_a_signal_during_a_campaign_leaves_a_valid_partial_report_and_exits_4(tm
     assert (tmp_path / "index.html").is_file() and "interrupted by" in (tmp_path / "index.html").read_text()
     assert f"interrupted by {signal.Signals(signum).name} after {summary['cases']} cases" in out
     assert "Traceback" not in err
+    again = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == proc.returncode == ExitCode.INTERRUPTED, again.stdout + again.stderr
+    page = (tmp_path / "index.html").read_text()
+    assert "<title>INTERRUPTED" in page and '<span class="tag clean">clean</span>' not in page
 
 
 def test_a_second_signal_exits_at_once_even_with_a_case_in_flight(tmp_path):
@@ -145,3 +150,54 @@ def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_
     assert result.first_detection_examples == found_at and result.findings
     assert result.summary()["interrupted"] == "SIGINT"
     assert max(opened) == found_at, "no case was judged after the stop"
+
+
+def test_a_second_signal_while_the_report_is_written_waits_for_it(tmp_path):
+    """A second press once came while the page was rendering: the complete summary stayed in a hidden
+    staging folder. Once the run writes, a further signal is noted and the report still lands whole."""
+    report = tmp_path / "report"
+    proc = start(LONG, report)
+    wait_for(proc, "campaign: ", times=3)
+    proc.send_signal(signal.SIGINT)
+    wait_for(proc, "SIGINT: writing the report (a further signal waits for it)")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.INTERRUPTED, out + err
+    summary = load_folder(report).summary
+    assert summary["interrupted"] == "SIGINT" and 3 <= summary["cases"] < 5000
+    assert (report / "index.html").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["report"], "a staging folder was left beside the report"
+    assert "Traceback" not in err
+
+
+def test_a_staging_folder_left_by_a_killed_run_is_named_or_removed_by_the_next(tmp_path):
+    """A run killed outright (SIGKILL) between writing its staging folder and renaming it leaves it; the
+    next run in the folder names one that holds files (it may hold that report) and removes an empty one."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid no process has any more
+    holding = tmp_path / f".report.{dead.pid}.0123abcd.new"
+    holding.mkdir()
+    (holding / "summary.json").write_text("{}")
+    empty = tmp_path / f".report.{dead.pid}.4567cdef.new"
+    empty.mkdir()
+    other = tmp_path / f".other.{dead.pid}.89abcdef.new"  # another report folder's: not this run's business
+    other.mkdir()
+    proc = start(["run", "--device", "cpu", "--examples", "2", "-q"], tmp_path / "report")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.OK, out + err
+    assert f"warning: {holding} was left by a run that was killed while it wrote its report" in err
+    assert holding.is_dir() and not empty.exists() and other.is_dir()
+
+
+def test_sigint_during_a_replay_exits_4_without_a_traceback(tmp_path):
+    """A replay is one case: SIGINT stops it, as it stops a campaign (exit 4), never a KeyboardInterrupt
+    traceback and exit 130."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "replay", "--device", "cpu", "--target",
+                             "test_interrupts:hanging_target", "--case", '{"batches": [{}]}'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wait_for(proc, "hanging-target: the case is in flight")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, out + err
+    assert "interrupted by SIGINT before the command finished" in err and "Traceback" not in err

@@ -87,8 +87,10 @@ def test_a_judged_case_round_trips_the_in_process_findings(runner):
 
 
 def test_the_childs_refusals_are_the_harness_errors_they_were(runner):
-    with pytest.raises(EnvironmentBroken, match="cannot import 'no_such_module_for_isolation'"):
+    with pytest.raises(InvalidArgument, match="no module named 'no_such_module_for_isolation'"):
         runner.run_case(PLAIN, "cpu", target_spec="no_such_module_for_isolation:factory")
+    with pytest.raises(EnvironmentBroken, match="cannot import 'target_needing_a_missing_package'"):
+        runner.run_case(PLAIN, "cpu", target_spec="target_needing_a_missing_package:factory")
     with pytest.raises(InvalidArgument, match="--mutant"):
         runner.run_case(PLAIN, "cpu", target_spec="sglang", mutant="scheduler_no_wait")
 

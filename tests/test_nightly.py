@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.campaign import run_campaign
 from harness.errors import InvalidArgument
 from harness.mutants.corpus import mutant_target
 from harness.nightly import Step, parse_skip, plan, run_steps
+from harness.workers import cpu_cores
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -40,11 +42,44 @@ def test_the_plan_covers_every_step_into_one_folder(tmp_path):
     assert "--profile" in steps[1].command and "nightly" in steps[1].command
 
 
+def test_the_pytest_step_runs_the_cases_against_the_target_on_every_core_sharing_the_gpu(tmp_path):
+    """The user's nightly checks their SGLang: the cases against the configured target, not the
+    harness's own tests (one worker per GPU left 15 of 16 cores idle, and the self-tests took most of it)."""
+    pytest_step, campaign = plan(tmp_path, device="cuda", examples=None, workers="auto", semantics="0.5.23",
+                                 skip=frozenset(), target="sglang")[:2]
+    command = pytest_step.command
+    assert command[command.index("-n") + 1] == str(cpu_cores()) and "--gpu-share" in command
+    assert "--harness-target=sglang" in command and command[-1] == "cases" and "tests" not in command
+    assert campaign.command[campaign.command.index("--target") + 1] == "sglang"
+    with_self_tests = plan(tmp_path, device="cpu", examples=None, workers="3", semantics="0.5.23",
+                           skip=frozenset(), self_tests=True)[0].command
+    assert with_self_tests[-2:] == ["cases", "tests"] and "--gpu-share" not in with_self_tests
+    assert with_self_tests[with_self_tests.index("-n") + 1] == "3"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here: the nightly would run")
+def test_a_nightly_on_cuda_without_a_gpu_is_refused_before_any_step(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness", "nightly", "--report-dir", str(tmp_path / "r")],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "--device cuda: no CUDA device is visible" in done.stderr and "Traceback" not in done.stderr
+    assert "[pytest]" not in done.stdout and not (tmp_path / "r").exists()
+
+
+def test_a_pytest_usage_error_is_a_broken_step_not_an_interruption():
+    """pytest's exit 4 is its usage error; the harness's 4 is an interruption."""
+    steps = [Step("pytest", [sys.executable, "-c", "raise SystemExit(4)"])]
+    assert run_steps(steps, frozenset(), log=lambda line: None) == 3 and steps[0].outcome == "broken"
+    steps = [Step("pytest", [sys.executable, "-c", "raise SystemExit(2)"])]
+    assert run_steps(steps, frozenset(), log=lambda line: None) == 4 and steps[0].outcome == "interrupted"
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--skip", "fuzz"], "--skip: unknown step(s) fuzz"),
     (["--workers", "two"], "--workers='two': auto or a number of workers > 0"),
-    (["--device", "tpu"], "--device='tpu' is not one of: cuda, cpu"),
-    (["--examples", "0"], "--examples=0: must be >= 1"),
+    (["--device", "tpu"], "argument --device: 'tpu' is not one of: cuda, cpu"),
+    (["--examples", "0"], "argument --examples: 0 is out of range: an integer from 1 to 1,000,000"),
+    (["--target", "nonsense"], "argument --target: 'nonsense' is not one of: reference, sglang, MODULE:FACTORY"),
 ])
 def test_bad_nightly_flags_exit_2_naming_the_flag(tmp_path, capsys, argv, needle):
     from harness.cli import main
@@ -85,4 +120,4 @@ def test_the_pytest_step_collects_this_project_from_any_report_folder(tmp_path):
     done = subprocess.run([python, m, pytest_module, "-p", "xdist.plugin", *options, "-n", "0", "--collect-only"],
                           cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "tests/test_nightly.py::" in done.stdout
+    assert "cases/test_races.py::" in done.stdout and "tests/test_nightly.py::" not in done.stdout

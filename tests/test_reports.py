@@ -20,7 +20,7 @@ from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder
 from reports.html import first_difference, render_html
-from reports.verdict import BROKEN, CLEAN, FOUND, judge
+from reports.verdict import BROKEN, CLEAN, FOUND, INTERRUPTED, judge
 from reports.writers import write_json_atomically, write_text_atomically
 
 pytest_plugins = ["pytester"]  # the reporting plugin is checked in an inner pytest run
@@ -298,6 +298,10 @@ def test_static_only_triage_and_versions_as_their_commands_write_them(tmp_path):
     ({}, BROKEN, "holds none of the report files"),
     ({"nightly_json": nightly(campaign="broken")}, BROKEN, "nightly step campaign exited 3: could not run"),
     ({"nightly_json": nightly(), "summary_json": summary()}, CLEAN, "2 nightly steps"),
+    # one verdict for an interrupted run, as `run` exits (4), not BROKEN beside a green "clean"
+    ({"summary_json": {**summary(), "interrupted": "SIGINT"}}, INTERRUPTED, "interrupted by SIGINT after 4 cases"),
+    ({"summary_json": {**summary([finding()]), "interrupted": "SIGINT"}}, FOUND, "1 finding(s)"),
+    ({"summary_json": {**summary(telemetry=telemetry(suspect=True)), "interrupted": "SIGINT"}}, BROKEN, "suspect"),
 ])
 def test_verdict(tmp_path, files, status, needle):
     verdict = judge(load_folder(write_folder(tmp_path, **files)))

@@ -28,15 +28,18 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
     ("auto", "cuda", [], EnvironmentBroken, "no GPU is visible"),
     ("two", "cpu", None, InvalidArgument, "--workers='two': auto or a number of workers > 0"),
     ("0", "cpu", None, InvalidArgument, "--workers='0'"),
+    ("9", "cpu", None, InvalidArgument, "--workers=9: more workers than the 8 core(s) this process may run on"),
+    ("9", "cuda", ["0"] * 9, InvalidArgument, "more workers than the 8 core(s)"),
 ])
-def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle):
+def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle, monkeypatch):
+    monkeypatch.setattr(workers_module, "cpu_cores", lambda: 8)
     with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
         worker_count(spec, device, gpus)
 
 
 def test_workers_share_gpus_round_robin_only_when_asked(tmp_path, monkeypatch):
-    assert worker_count("5", "cuda", ["0", "1"], share=True) == 5
     monkeypatch.setattr(workers_module, "cpu_cores", lambda: 16)
+    assert worker_count("5", "cuda", ["0", "1"], share=True) == 5
     assert worker_count("auto", "cuda", ["0"], share=True) == 8  # one per two cores: a worker and its child
     assert worker_count("auto", "cuda", ["0", "1"]) == 2
     monkeypatch.setattr(workers_module, "cpu_cores", lambda: 2)

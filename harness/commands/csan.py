@@ -4,24 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.options import check_semantics
 from harness.csan import second_opinion_campaign
 from harness.errors import ExitCode
 from harness.targets import load_target
 from reports.writers import write_json_atomically
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("csan", help="CUDA only: PyTorch's CSAN as a second opinion, and where it disagrees")
-    parser.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    parser.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
-    parser.add_argument("--examples", type=int, default=100, help="cases")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
-
-
 def run(args) -> int:
-    semantics = check_semantics(args.semantics)
+    semantics = args.semantics
     target = load_target(args.target, mutant=args.mutant)
     summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
                                       mutant=args.mutant)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.commands.options import add_common_options, read_case
+from harness.commands.options import read_case
 from harness.device import resolve_device
 from harness.engine import explore
 from harness.errors import ExitCode, InvalidArgument
@@ -10,18 +10,9 @@ from harness.oracles import parse_oracles
 from harness.targets import load_target
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("explore", help="try every interleaving the events allow (CPU simulator)")
-    add_common_options(parser)
-    parser.add_argument("--case", required=True, help="the case as JSON, or @FILE")
-    parser.add_argument("--bound", type=int, default=500, help="stop after this many interleavings")
-
-
 def run(args) -> int:
     if resolve_device(args.device) != "cpu":
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
-    if args.bound < 1:
-        raise InvalidArgument(f"--bound={args.bound}: must be >= 1")
     case = read_case(args.case)
     target = load_target(args.target, mutant=args.mutant)
     outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,

@@ -1,37 +1,12 @@
-"""What the subcommands share: the parser class (usage errors exit 2), the options every case-running
-subcommand takes, and the validators of values more than one subcommand reads."""
+"""What the subcommands' runs share: the checks of values more than one of them reads when it runs
+(their options, and the parser, are in `harness.commands.parsers`)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from harness.case import SEMANTICS, Case, Flags
-from harness.errors import ExitCode, InvalidArgument
-from harness.oracles import oracle_names
-
-
-class HarnessParser(argparse.ArgumentParser):
-    """Usage errors exit 2, as ours do; every option's help ends with its default."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.print_usage(sys.stderr)
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(ExitCode.USAGE)
-
-
-def add_common_options(p) -> None:
-    """--target, --device, --mutant and --oracles: the options of every subcommand that judges cases."""
-    p.add_argument("--target", default="reference", help="reference | sglang | MODULE:FACTORY")
-    p.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
-    p.add_argument("--mutant", default=None, help="run against one seeded bug of the corpus (mutants --list)")
-    p.add_argument("--oracles", default=None,
-                   help=f"comma-separated subset of: {', '.join(oracle_names())} (none given: all)")
+from harness.errors import InvalidArgument
 
 
 def check_semantics(value: str) -> str:

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from harness.commands.options import add_common_options, read_case
+from harness.commands.options import read_case
 from harness.device import resolve_device
 from harness.engine import run_case
 from harness.errors import ExitCode
 from harness.oracles import parse_oracles
 from harness.targets import load_target
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("replay", help="replay one finding exactly")
-    add_common_options(parser)
-    parser.add_argument("--case", required=True, help="the case as JSON, or @FILE")
-    parser.add_argument("--schedule", default="adversarial", help="adversarial | random:SEED | forced:CHOICES")
 
 
 def run(args) -> int:

@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from harness.campaign import PROFILES, check_jobs, keeps_database, run_campaign
-from harness.commands.options import add_common_options, check_semantics, parse_without
+from harness.campaign import check_jobs, keeps_database, run_campaign
+from harness.choices import AUTO_JOBS_MAX, PROFILES
+from harness.commands.options import parse_without
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
 from harness.oracles import oracle_names, parse_oracles
-from harness.progress import NORMAL, PROGRESS_EVERY_S, QUIET, VERBOSE, CampaignProgress
+from harness.progress import NORMAL, QUIET, VERBOSE, CampaignProgress
 from harness.sharding import Shard
 from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
@@ -29,69 +30,8 @@ from reports.merge import merge_summaries
 from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
 
 
-AUTO_JOBS_MAX = 8
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("run", help="run a fuzz campaign (the main job)")
-    add_common_options(parser)
-    parser.add_argument("--examples", type=int, default=None, help="cases in all (none given: the profile's)")
-    parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (none given: the profile's)")
-    parser.add_argument("--profile", default="ci", help="dev (50 cases) | ci (200, derandomized) | nightly (5000)")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
-    parser.add_argument("--overwrite", action="store_true", help="replace the campaign already in --report-dir")
-    parser.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
-    parser.add_argument("--without", default="", metavar="GATE[,GATE]",
-                        help="gate switches the campaign never turns on (a deployment without HiCache, say): "
-                             "SGLANG_FORCE_COARSE_WAR_BARRIER, cp_active, hisparse, hierarchical_cache, "
-                             "hicache_storage, lmcache")
-    parser.add_argument("--keep-going", type=int, default=1, metavar="N",
-                     help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
-                          "stopping")
-    parser.add_argument("--no-seeds", action="store_true",
-                     help="draw every case: skip the hand-written seed cases of the protocol's shapes")
-    parser.add_argument("--isolate", default="auto",
-                     help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
-                          "finding: SECONDS | off | auto (120 on cuda or with --jobs N > 1, off otherwise)")
-    parser.add_argument("--jobs", default="auto", metavar="N|auto",
-                        help="judge up to N cases at once, each in its own child process (isolated), this process "
-                             "drawing the stream once; the count, the first detection and the shrunk case are those "
-                             "of one case at a time. The children share this run's GPU: a case is mostly host work. "
-                             f"auto: on cuda, one per two cores of each process's share, at most {AUTO_JOBS_MAX}; "
-                             "on cpu, or with --isolate off, 1")
-    parser.add_argument("--from-db", action="store_true",
-                     help="replay the failures stored in REPORT_DIR/examples and any --example-db, then the seed cases")
-    parser.add_argument("--shard", default="1/1", help="K/N: judge only part K of N of the case stream (reproducible, "
-                                                    "disjoint; merge the parts with `harness merge`)")
-    parser.add_argument("--workers", default="1", help="N | auto: N campaign processes, each on its own part of the "
-                                                    "stream and pinned to its own GPU (auto: one per visible GPU on "
-                                                    "cuda, one per core on cpu), merged into one report")
-    parser.add_argument("--gpu-share", action="store_true",
-                        help="with --device cuda, allow more --workers than GPUs: workers share the GPUs round robin "
-                             "(a campaign is mostly host work, so a GPU serves several); with --workers auto, one "
-                             "worker per two cores")
-    parser.add_argument("--example-db", action="append", default=[], metavar="DIR|redis://HOST:PORT",
-                     help="a shared example database, beside REPORT_DIR/examples: failures found here are saved "
-                          "there, and failures saved there by other hosts replay here (repeatable)")
-    parser.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                     help="off a terminal, a progress line this often")
-    volume = parser.add_mutually_exclusive_group()
-    volume.add_argument("-q", "--quiet", action="store_true", help="no progress output, only the result")
-    volume.add_argument("-v", "--verbose", action="store_true", help="a line per case as well")
-
-
 def run(args) -> int:
-    semantics = check_semantics(args.semantics)
-    if args.profile not in PROFILES:
-        raise InvalidArgument(f"--profile={args.profile!r} is not one of: {', '.join(PROFILES)}")
-    if args.examples is not None and args.examples < 1:
-        raise InvalidArgument(f"--examples={args.examples}: must be >= 1")
-    if args.keep_going < 1:
-        raise InvalidArgument(f"--keep-going={args.keep_going}: must be >= 1 (the number of distinct failures to "
-                              "collect)")
-    if not args.progress_every >= 0:
-        raise InvalidArgument(f"--progress-every={args.progress_every}: seconds >= 0")
+    semantics = args.semantics
     shard = Shard.parse(args.shard)
     if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
         raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
@@ -131,10 +71,21 @@ def run(args) -> int:
             summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
                                isolate_s=isolate_s, oracles=oracles, without=without, verbosity=verbosity,
                                report_dir=report_dir, stop=stop)
+        return _print_result(args, summary, device=device, semantics=semantics, target=target, shard=shard,
+                             report_dir=report_dir)
+
+
+def _print_result(args, summary: dict, *, device, semantics, target, shard, report_dir) -> int:
+    """What the campaign found, on stdout, and the exit code: found, else interrupted, else clean. The
+    count is of failures (a failing case, with its replay command), as the progress line's."""
+    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
+    for finding in summary["findings"]:
+        failures.setdefault(finding["replay"], []).append(finding)
     print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
           f"{', shard ' + args.shard if shard.count > 1 else ''}"
           f"{f', {args.jobs} judged at once' if args.jobs > 1 else ''}) in {summary['duration_s']:.1f}s"
-          f" ({summary['cases_per_second']} cases/s): {len(summary['findings'])} finding(s)")
+          f" ({summary['cases_per_second']} cases/s): {len(failures)} failure(s), {len(summary['findings'])} "
+          "finding(s)")
     for row in summary.get("workers") or []:
         gpu = row.get("gpu") or row.get("cuda_visible_devices") or "-"
         print(f"  {row['folder']}: shard {row['shard']}, GPU {gpu}, "
@@ -146,9 +97,6 @@ def run(args) -> int:
         print(f"  race gates: {gate_counts(gates)}")
     for warning in gate_warnings(gates):
         print(f"  warning: {warning}", file=sys.stderr)
-    failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
-    for finding in summary["findings"]:
-        failures.setdefault(finding["replay"], []).append(finding)
     for replay, findings in failures.items():
         for finding in findings:
             print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")
@@ -189,6 +137,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     summary["mutant"] = args.mutant
     summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
+    stop.writing()
     name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
     return summary
@@ -253,6 +202,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
                   file=sys.stderr)
         processes.start()  # a signal before this is held by `processes` for each worker until it is ready
         codes, wall_s = processes.wait()
+        stop.writing()
         sources = []
         for worker, code in zip(workers, codes, strict=True):
             if code not in (ExitCode.OK, ExitCode.FOUND, ExitCode.INTERRUPTED) or not (worker.folder / SUMMARY).is_file():

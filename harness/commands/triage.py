@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.campaign import run_campaign
 from harness.case import Batch, Case, Request
-from harness.commands.options import add_common_options, check_semantics
+from harness.commands.options import check_semantics
 from harness.device import make_device, resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names, parse_oracles
@@ -19,26 +19,6 @@ from harness.triage.source import check_classes, static_section
 from harness.triage.static import static_triage, triage_classes
 from harness.triage.versions import triage_versions
 from reports.writers import write_json_atomically
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser("triage", help="interface contracts on the built backend, then a short campaign")
-    add_common_options(parser)
-    parser.add_argument("--examples", type=int, default=50, help="cases of the short campaign")
-    parser.add_argument("--semantics", default="0.5.23", help="pr | 0.5.23 | auto (what the target implements)")
-    parser.add_argument("--report-dir", default="harness-report", help="the report folder")
-    parser.add_argument("--versions", default=None,
-                        help="comma-separated sglang versions from PyPI: triage each in its own environment and "
-                             "report the first failing one")
-    parser.add_argument("--cache-dir", default=None, help="with --versions: wheels and environments "
-                                                          "(none given: REPORT_DIR/envs)")
-    parser.add_argument("--bisect", action="store_true",
-                        help="with --versions: run as few versions as a binary search needs")
-    parser.add_argument("--missing-backend-fails", action="store_true",
-                        help="with --versions: a version without the DSV4 backend module counts as failing")
-    parser.add_argument("--static-only", action="store_true",
-                        help="only the check on the source (no built object, no campaign); with --target sglang it "
-                             "also runs on versions the target cannot drive")
 
 
 def run(args) -> int:

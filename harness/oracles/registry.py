@@ -78,12 +78,15 @@ def oracle_names() -> tuple[str, ...]:
 
 def parse_oracles(text: Optional[str]) -> Optional[frozenset]:
     """`--oracles a,b`: a subset of the registered names; None (every oracle) when not given."""
-    if not text:
+    if text is None:
         return None
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
     unknown = sorted(names - set(_REGISTRY))
-    if unknown or not names:
-        raise InvalidArgument(f"--oracles: unknown {', '.join(unknown) or '(empty)'}; allowed: {', '.join(_REGISTRY)}")
+    if not names:  # once read as "every oracle"
+        raise InvalidArgument(f"--oracles={text!r} names no oracle; give a comma-separated subset of: "
+                              f"{', '.join(_REGISTRY)} (or leave the option out for all)")
+    if unknown:
+        raise InvalidArgument(f"--oracles: unknown {', '.join(unknown)}; allowed: {', '.join(_REGISTRY)}")
     return names
 
 

@@ -27,30 +27,10 @@ from reports.folder import SANITIZER_RAW_DIR as RAW_DIR
 from reports.verdict import BROKEN, FOUND, sanitizer_outcome
 from reports.writers import write_json_atomically
 
-TOOL_CHOICES = ("racecheck", "synccheck", "memcheck", "initcheck", "all")
-TARGETS = ("reference", "sglang")
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("sanitize", help="run our kernels and the planted bugs under compute-sanitizer")
-    p.add_argument("cases", nargs="*", help="case names (none given: all); see the list in the error for a bad one")
-    p.add_argument("--tool", default="all", help="racecheck | synccheck | memcheck | initcheck | all")
-    p.add_argument("--target", default="reference", help="whose kernels: reference | sglang (default: reference)")
-    p.add_argument("--report-dir", default="harness-report", help="the report folder")
-    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per sanitized run")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="cases run at once per tool (tools always run one at a time); >1 inflates timings")
-
 
 def _select(args):
-    if args.tool not in TOOL_CHOICES:
-        raise InvalidArgument(f"--tool={args.tool!r} is not one of: {', '.join(TOOL_CHOICES)}")
-    if args.target not in TARGETS:
-        raise InvalidArgument(f"--target={args.target!r} is not one of: {', '.join(TARGETS)}")
     if not args.timeout > 0:
         raise InvalidArgument(f"--timeout={args.timeout}: must be > 0 seconds")
-    if args.jobs < 1:
-        raise InvalidArgument(f"--jobs={args.jobs}: must be >= 1")
     tools = list(TOOLS) if args.tool == "all" else [args.tool]
     if not args.cases:  # the target's cases that run under the tools asked for
         return tools, [case for case in cases_of(args.target) if set(case.tools) & set(tools)]

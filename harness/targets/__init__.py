@@ -22,12 +22,19 @@ MUTANT_FACTORY = "harness.mutants.corpus:mutant_target"  # --mutant NAME: the re
 
 
 def resolve_factory(spec: str, shown: str) -> Callable:
-    """The callable a `module:factory` string names; `shown` is the --target value in the messages."""
+    """The callable a `module:factory` string names; `shown` is the --target value in the messages. A
+    module that is not there is a usage error (exit 2), as an unknown built-in name is; one that is there
+    but fails to import (a missing dependency: sglang behind `--target sglang`) a broken environment (3)."""
     module_name, sep, factory_name = spec.partition(":")
     if not sep or not module_name or not factory_name:
         raise InvalidArgument(f"--target={shown!r} is not one of: {', '.join(BUILTIN_TARGETS)}, MODULE:FACTORY")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if module_name == exc.name or module_name.startswith(f"{exc.name}."):  # the module named is not there
+            raise InvalidArgument(f"--target={shown!r}: no module named {module_name!r}; allowed: "
+                                  f"{', '.join(BUILTIN_TARGETS)}, or MODULE:FACTORY of an importable module") from None
+        raise EnvironmentBroken(f"--target {shown}: cannot import {module_name!r} ({exc})") from None
     except ImportError as exc:
         raise EnvironmentBroken(f"--target {shown}: cannot import {module_name!r} ({exc})") from None
     factory = getattr(module, factory_name, None)
