@@ -490,3 +490,51 @@ def _fast_path_lost() -> Classes:
         runners.maybe_publish_prefill_shared_read_done_pr(model_runner, fb, device)
 
     return _runner(publish=staticmethod(publish), publish_pr=staticmethod(publish_pr))
+
+
+# -- a lost fast path no value shows (issue 30): found by the `fast-path` oracle alone -----------------------
+
+@mutant("event_after_layers", "the read-done event is recorded after the layers: it fires with the whole forward",
+        "issue 30 (the event kept, the overlap lost)", "fast-path")
+def _event_after_layers() -> Classes:
+    def publish(model_runner, ends, device):
+        model_runner.deferred_publish = lambda: runners.maybe_publish_prefill_shared_read_done(model_runner, ends,
+                                                                                               device)
+
+    def publish_pr(model_runner, fb, device):
+        model_runner.deferred_publish = lambda: runners.maybe_publish_prefill_shared_read_done_pr(model_runner, fb,
+                                                                                                  device)
+
+    def run_model(self, fb, store_compressed=None):
+        out = ModelRunner.run_model(self, fb, store_compressed=store_compressed)
+        deferred, self.deferred_publish = getattr(self, "deferred_publish", None), None
+        if deferred is not None:
+            deferred()
+        return out
+
+    return _runner(publish=staticmethod(publish), publish_pr=staticmethod(publish_pr), run_model=run_model)
+
+
+@mutant("barrier_ignores_event", "the barrier reads the mailbox of a runner that never publishes (EAGLE v2's draft "
+        "runner), so it always falls back to the coarse barrier", "issue 30 (DESIGN: last_shared_read_runner)",
+        "fast-path")
+def _barrier_ignores_event() -> Classes:
+    class DraftMailbox(Scheduler):
+        @property
+        def last_shared_read_runner(self):
+            if not hasattr(self, "_draft_runner"):
+                self._draft_runner = type("DraftRunner", (), {"shared_read_done_event": None})()
+            return self._draft_runner
+
+    return Classes(scheduler=DraftMailbox)
+
+
+@mutant("barrier_waits_forward_after_publish", "the barrier waits on the event and then on the whole forward stream",
+        "issue 30 (a belt-and-braces wait)", "fast-path")
+def _barrier_waits_forward_after_publish() -> Classes:
+    class BeltAndBraces(Scheduler):
+        def _apply_war_barrier(self):
+            super()._apply_war_barrier()
+            self.device.wait_stream(self.device.schedule_stream, self.device.forward_stream)
+
+    return Classes(scheduler=BeltAndBraces)
