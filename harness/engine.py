@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from harness.case import Case
+from harness.case import Case, Mutation
 from harness.device import OpFailed, make_device
 from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
@@ -98,7 +98,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     return _finished(record, device, schedule)
 
 
-def _processing(device, mutator: Mutator, mutations) -> Callable[[], None]:
+def _processing(device, mutator: Mutator, mutations: tuple[Mutation, ...]) -> Callable[[], None]:
     """The scheduler's processing of a batch's result: a checkpoint of where its stream stands first (which of
     the forward's work it waited for: the fast path's question, `oracles/fast_path.py`), then the mutations."""
 
