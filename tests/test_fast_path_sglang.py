@@ -13,17 +13,17 @@ from harness.sglang_target._api import prepare_triton
 
 prepare_triton()
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("sglang", reason="the sglang package is not installed: --target sglang needs "
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
 
-from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
-from harness.engine import run_case  # noqa: E402
-from harness.hb import Checkpoint, Recorded  # noqa: E402
-from harness.sglang_target._api import load_api  # noqa: E402
-from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
-from harness.targets.protocol import Publish, first  # noqa: E402
+from harness.case import Batch, Case, Dims, Flags, Mutation, Request
+from harness.engine import run_case
+from harness.hb import Checkpoint, Recorded
+from harness.sglang_target._api import load_api
+from harness.sglang_target.real_backend import fixed_dims
+from harness.targets.protocol import Publish, first
 
 CASE = Case(dims=dataclasses.replace(Dims(), **fixed_dims(load_api())),
             flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True),

@@ -22,8 +22,6 @@ and an event on the wrong stream are the `policy` oracle's.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from harness.findings import Finding, RunRecord
 from harness.hb import Checkpoint, Issued, Recorded, TimelineEntry
 from harness.oracles.registry import Judged, oracle
@@ -87,12 +85,12 @@ def _judge_batch(index: int, event: int, timeline: list[TimelineEntry], run: Run
     return out
 
 
-def _missed(index: int, cause: str, message: str, op: Optional[str], **seqs: int) -> Finding:
+def _missed(index: int, cause: str, message: str, op: str | None, **seqs: int) -> Finding:
     return Finding("fast-path", "missed-fast-path", message, index, severity="performance",
                    details={"cause": cause, "ops": [op] if op else [], **seqs})
 
 
-def _last_record(timeline: list[TimelineEntry], event: int) -> Optional[Recorded]:
+def _last_record(timeline: list[TimelineEntry], event: int) -> Recorded | None:
     """The batch's last record of `event` (a wait binds to the latest record, as CUDA's does)."""
     return next((e for e in reversed(timeline) if isinstance(e, Recorded) and e.event == event), None)
 
@@ -101,7 +99,7 @@ def _touches_kv(launch: Issued) -> bool:
     return any(buffer.split("[", 1)[0] in KV_POOLS for buffer in launch.buffers)
 
 
-def _last_forward_launch(timeline: list[TimelineEntry], forward: int, seq: int) -> Optional[str]:
+def _last_forward_launch(timeline: list[TimelineEntry], forward: int, seq: int) -> str | None:
     """The last forward-stream launch at or before `seq`: the work the scheduler waited for."""
     launch = next((e for e in reversed(timeline) if isinstance(e, Issued) and e.stream == forward and e.seq <= seq),
                   None)
