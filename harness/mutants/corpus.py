@@ -492,6 +492,35 @@ def _fast_path_lost() -> Classes:
     return _runner(publish=staticmethod(publish), publish_pr=staticmethod(publish_pr))
 
 
+# -- stale state across steps (issue 30): found by the `freshness` oracle ------------------------------------
+
+@mutant("metadata_kept_across_idle", "an idle step without rows keeps the previous batch's metadata, and the idle "
+        "forward runs with it (the drop of every release's EagerRunner._execute_idle reverted)",
+        "issue 30 (SGLang: an SWA use-after-free otherwise)", "freshness")
+def _metadata_kept_across_idle() -> Classes:
+    def execute_idle(self):
+        self.probe.note(PlanRead(PlanKind.METADATA, getattr(self.attn_backend.forward_metadata, "plan", None)))
+        return {}
+
+    return _runner(execute_idle=execute_idle)
+
+
+@mutant("cache_kept_across_bucket_change", "a replay whose bucket is not the one replayed last keeps the chunk cache "
+        "its captured metadata held (the reset runs only on a same-bucket replay)", "issue 30", "freshness")
+def _cache_kept_across_bucket_change() -> Classes:
+    class Runner(PrefillGraphRunner):
+        last_bucket = None
+
+        def _prepare_forward_metadata_for_replay(self, padded, static):
+            kept = static.sparse_prefill_cache
+            PrefillGraphRunner._prepare_forward_metadata_for_replay(self, padded, static)
+            if self.last_bucket not in (None, padded.num_tokens):
+                static.sparse_prefill_cache = kept
+            self.last_bucket = padded.num_tokens
+
+    return _runner(graph_runner_cls=Runner)
+
+
 # -- a lost fast path no value shows (issue 30): found by the `fast-path` oracle alone -----------------------
 
 @mutant("event_after_layers", "the read-done event is recorded after the layers: it fires with the whole forward",
@@ -538,32 +567,3 @@ def _barrier_waits_forward_after_publish() -> Classes:
             self.device.wait_stream(self.device.schedule_stream, self.device.forward_stream)
 
     return Classes(scheduler=BeltAndBraces)
-
-
-# -- stale state across steps (issue 30): found by the `freshness` oracle ------------------------------------
-
-@mutant("metadata_kept_across_idle", "an idle step without rows keeps the previous batch's metadata, and the idle "
-        "forward runs with it (the drop of every release's EagerRunner._execute_idle reverted)",
-        "issue 30 (SGLang: an SWA use-after-free otherwise)", "freshness")
-def _metadata_kept_across_idle() -> Classes:
-    def execute_idle(self):
-        self.probe.note(PlanRead(PlanKind.METADATA, getattr(self.attn_backend.forward_metadata, "plan", None)))
-        return {}
-
-    return _runner(execute_idle=execute_idle)
-
-
-@mutant("cache_kept_across_bucket_change", "a replay whose bucket is not the one replayed last keeps the chunk cache "
-        "its captured metadata held (the reset runs only on a same-bucket replay)", "issue 30", "freshness")
-def _cache_kept_across_bucket_change() -> Classes:
-    class Runner(PrefillGraphRunner):
-        last_bucket = None
-
-        def _prepare_forward_metadata_for_replay(self, padded, static):
-            kept = static.sparse_prefill_cache
-            PrefillGraphRunner._prepare_forward_metadata_for_replay(self, padded, static)
-            if self.last_bucket not in (None, padded.num_tokens):
-                static.sparse_prefill_cache = kept
-            self.last_bucket = padded.num_tokens
-
-    return _runner(graph_runner_cls=Runner)
