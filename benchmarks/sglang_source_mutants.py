@@ -194,6 +194,30 @@ MUTANTS = (
                  "                self._apply_war_barrier()\n"
                  "                batch_result = self.run_batch(batch)\n",
                  "the overlap loop fences before run_batch, as before #31687 (R9): result processing overtakes the forward"),
+    # -- a lost fast path no value shows (issue 30): the `fast-path` oracle's
+    SourceMutant("barrier_waits_forward_after_publish", SCHEDULER,
+                 "            self.schedule_stream.wait_event(ev)\n",
+                 "            self.schedule_stream.wait_event(ev)\n"
+                 "            self.schedule_stream.wait_stream(self.forward_stream)\n",
+                 "_apply_war_barrier waits on the event, then on the whole forward stream as well"),
+    SourceMutant("barrier_ignores_event", SCHEDULER,
+                 "        if ev is not None and not envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():\n",
+                 "        if False and ev is not None and not envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get():\n",
+                 "_apply_war_barrier clears the published event and always takes the coarse barrier"),
+    SourceMutant("event_after_layers", EAGER_RUNNER,
+                 "            maybe_publish_prefill_shared_read_done(\n                model_runner,\n"
+                 "                shared_read_ends,\n                torch.get_device_module(model_runner.device),\n"
+                 "            )\n\n        if not cp_active:\n",
+                 "            self._late_publish = shared_read_ends\n\n        if not cp_active:\n",
+                 "the eager runner records the read-done event after the model's forward (it fires with the layers)",
+                 also=(("                    **kwargs,\n                )\n        return ret\n",
+                        "                    **kwargs,\n                )\n"
+                        "        if getattr(self, \"_late_publish\", None) is not None:\n"
+                        "            maybe_publish_prefill_shared_read_done(\n"
+                        "                model_runner, self._late_publish, torch.get_device_module(model_runner.device)\n"
+                        "            )\n"
+                        "            self._late_publish = None\n"
+                        "        return ret\n"),)),
     SourceMutant("copy_assigns_c4_out_loc", BACKEND,
                  '"positions_casual",\n                "c4_out_loc",\n                "c128_out_loc",\n',
                  '"positions_casual",\n                "c128_out_loc",\n',

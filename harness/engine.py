@@ -13,9 +13,9 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
-from harness.case import Case
+from harness.case import Case, Mutation
 from harness.device import OpFailed, make_device
 from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
@@ -40,7 +40,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     # The race window is widened where a race can happen: the barriered run's scheduler waits for the
     # whole forward, so a delay there would only cost time.
     device.race_delay = 0 if barriered else case.delay_cycles
-    record = RunRecord()
+    record = RunRecord(forward_stream=device.forward_stream.id)
     began = time.perf_counter()
     try:
         with device.observing():
@@ -75,7 +75,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         try:
             with device.observing():
                 outputs = session.step(fb, graph=batch.graph,
-                                       process_batch_result=lambda: mutator.issue(batch.mutations),
+                                       process_batch_result=_processing(device, mutator, batch.mutations),
                                        after_launch=after_launch)
                 device.synchronize()
         except OpFailed as exc:
@@ -87,6 +87,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         record.sut_seconds += time.perf_counter() - began
         record.applied.append(list(mutator.applied))
         record.notes.append(session.probe.take())
+        record.timeline.append(device.tracker.take_timeline())
         if record.crash:
             break
         began = time.perf_counter()
@@ -95,6 +96,17 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         record.outputs.append(captured)
         record.copy_seconds += time.perf_counter() - began
     return _finished(record, device, schedule)
+
+
+def _processing(device, mutator: Mutator, mutations: tuple[Mutation, ...]) -> Callable[[], None]:
+    """The scheduler's processing of a batch's result: a checkpoint of where its stream stands first (which of
+    the forward's work it waited for: the fast path's question, `oracles/fast_path.py`), then the mutations."""
+
+    def process() -> None:
+        device.tracker.checkpoint(device.current_stream.id)
+        mutator.issue(mutations)
+
+    return process
 
 
 def _finished(record: RunRecord, device, schedule: str) -> RunRecord:

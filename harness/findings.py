@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from harness.case import Case
-from harness.hb import Conflict
+from harness.hb import Conflict, TimelineEntry
 from harness.observe import UndeclaredAccess
 from harness.probe import ProbeRecord
 from harness.world import BatchWorld
@@ -39,6 +39,8 @@ class RunRecord:
 
     outputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
     notes: list[list[ProbeRecord]] = field(default_factory=list)  # per batch, what the target noted
+    timeline: list[list[TimelineEntry]] = field(default_factory=list)  # per batch, the tracker's launches and events
+    forward_stream: int = 0  # the tracker's id of the forward stream (the timeline's stream ids are the tracker's)
     applied: list[list[str]] = field(default_factory=list)
     worlds: list[BatchWorld] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from itertools import count
 from types import MappingProxyType
-from typing import Literal, Mapping, Optional
+from typing import Literal, Mapping, Optional, Union
 
 StreamId = int
 EventId = int
@@ -175,6 +175,40 @@ class CapturedGraph:
     nodes: list[GraphNode]
 
 
+@dataclass(frozen=True)
+class Issued:
+    """A launch as it was issued: its stream, its place in the order, the buffers it declared."""
+
+    stream: StreamId
+    seq: SeqNum
+    op: str
+    buffers: frozenset[Buffer]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An event recorded on a stream, with the clock it copied: what a wait on this record orders after."""
+
+    event: EventId
+    stream: StreamId
+    clock: Mapping[StreamId, SeqNum]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A point the harness marks in a stream's program (the scheduler starting on a batch's result), with the
+    stream's clock there: which work of every other stream that point is ordered after."""
+
+    stream: StreamId
+    clock: Mapping[StreamId, SeqNum]
+
+
+TimelineEntry = Union[Issued, Recorded, Checkpoint]
+"""What the tracker saw, in host issue order (`HappensBefore.take_timeline`): where an event sits among the
+launches, and how far a stream had waited at a marked point. Conflicts say whether a program is ordered; the
+timeline says how tightly (the fast path's question)."""
+
+
 class HappensBefore:
     """Happens-before state of one run: stream clocks, event snapshots, the host's sync state
     and, per buffer, the accesses a future access could still race with.
@@ -196,6 +230,7 @@ class HappensBefore:
         self._reported: dict[tuple[SeqNum, SeqNum, Buffer], int] = {}  # each pair's place in _conflicts
         self._open: set[SeqNum] = set()
         self._unpruned: set[Buffer] = set()
+        self._timeline: list[TimelineEntry] = []
 
     @property
     def conflicts(self) -> list[Conflict]:
@@ -238,6 +273,7 @@ class HappensBefore:
         clock[stream] = seq
         record = LaunchRecord(stream, seq, op, dict(clock), reads, writes, graph)
         self._open.add(seq)
+        self._timeline.append(Issued(stream, seq, op, frozenset(reads) | frozenset(writes)))
         # Writes first, so an op that reads and writes one buffer is reported by its write.
         for buffer, region in writes.items():
             record.conflicts += self._add(Access(stream, seq, op, buffer, region, True, graph, record.clock))
@@ -325,6 +361,16 @@ class HappensBefore:
 
     def record(self, event: EventId, stream: StreamId) -> None:
         self._events[event] = dict(self._clock(stream))
+        self._timeline.append(Recorded(event, stream, self._events[event]))
+
+    def checkpoint(self, stream: StreamId) -> None:
+        """Mark the current point of `stream`'s program in the timeline, with what it is ordered after there."""
+        self._timeline.append(Checkpoint(stream, dict(self._clock(stream))))
+
+    def take_timeline(self) -> list[TimelineEntry]:
+        """The entries since the last take, in issue order; the timeline is empty afterwards."""
+        taken, self._timeline = self._timeline, []
+        return taken
 
     def wait(self, stream: StreamId, event: EventId) -> None:
         clock = self._clock(stream)

@@ -20,6 +20,7 @@ instead of a ("kind", {...}) tuple with ad-hoc keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import ClassVar, Optional, TypeVar
 
 
@@ -127,6 +128,38 @@ class MetadataReuse(ProbeRecord):
     flag_reset: bool
     """Whether its `prefill_shared_reads_snapshotted` flag was reset before this replay (PR-era; always
     True where the metadata has no such flag)."""
+
+
+class PlanKind(Enum):
+    """What a forward reads that was planned for its batch before the layers ran."""
+
+    METADATA = "attention metadata"
+    CHUNK_CACHE = "sparse prefill chunk cache"
+
+
+@dataclass(frozen=True)
+class Planned(ProbeRecord):
+    """The target planned one of a forward's inputs for the batch in flight: built its attention metadata, refilled
+    a captured bucket's metadata in place for a replay, or built the chunk cache. `plan` names this planning."""
+
+    name: ClassVar[str] = "planned"
+
+    kind: PlanKind
+    plan: int
+    """A number the target gives each planning, never reused within a session (an object's identity is not enough:
+    a bucket's captured metadata is one object refilled by every replay)."""
+
+
+@dataclass(frozen=True)
+class PlanRead(ProbeRecord):
+    """A forward read a planned input (an idle step's forward too: it runs with whatever the backend holds)."""
+
+    name: ClassVar[str] = "plan_read"
+
+    kind: PlanKind
+    plan: Optional[int]
+    """The `Planned.plan` of what it read; None when it read nothing planned (an idle step without rows, whose
+    metadata was dropped) or what it read carries no plan number."""
 
 
 R = TypeVar("R", bound=ProbeRecord)

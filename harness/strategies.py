@@ -293,19 +293,34 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
     # batch that does not publish follows one that did (the mailbox must have been cleared). Both need
     # a first batch that publishes, an EXTEND; one or two replays follow it, each a chance for both.
     # The breakable-graph contract changes only how a bucket's metadata is reused: its cases replay.
-    shape = ("replay_reuse" if closed == "bcg" else draw(st.sampled_from(["single", "pair"])) if closed == "mode"
-             else draw(st.sampled_from(["single", "replay_reuse", "replay_reuse", "pair"])))
-    replays = shape == "replay_reuse"
+    # Steps that leave state behind (issue 30): an idle step between two batches (its forward must hold nothing
+    # of the batch before), and replays that change bucket and come back (A, B, A: the first bucket's captured
+    # metadata and chunk cache must not carry over).
+    shape = (draw(st.sampled_from(["replay_reuse", "bucket_change"])) if closed == "bcg"
+             else draw(st.sampled_from(["single", "pair", "idle_step"])) if closed == "mode"
+             else draw(st.sampled_from(["single", "replay_reuse", "replay_reuse", "pair", "idle_step", "bucket_change"])))
+    replays = shape in ("replay_reuse", "bucket_change")
     first = draw(batch(hisparse=f.hisparse, reqs=draw(_REPLAYABLE) if replays else None,
                        modes=[ForwardMode.EXTEND] if replays else first_modes, modes_on=first_modes_on,
                        kinds_on=kinds_on))
     batches = [first]
-    if replays:
+    if shape == "replay_reuse":
         later = draw(st.lists(batch(hisparse=f.hisparse, reqs=first.requests, modes=_SECOND_MODES, kinds_on=kinds_on),
                               min_size=1, max_size=2))
         batches = [replace(b, graph=True) for b in (first, *later)]
+    elif shape == "bucket_change":
+        total = sum(r.extend_len for r in first.requests)
+        # one request more, whose tokens carry the batch past the first one's bucket into the next
+        grown = first.requests + (Request(draw(st.integers(0, 40)), graph_bucket(total) - total + draw(st.integers(1, 4))),)
+        other = draw(batch(hisparse=f.hisparse, reqs=grown, modes=_SECOND_MODES, kinds_on=kinds_on))
+        back = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=[ForwardMode.EXTEND], kinds_on=kinds_on))
+        batches = [replace(b, graph=True) for b in (first, other, back)]
     elif shape == "pair":
         batches.append(draw(batch(hisparse=f.hisparse, modes_on=modes_on, kinds_on=kinds_on)))
+    elif shape == "idle_step":
+        batches.append(draw(batch(hisparse=f.hisparse, modes=[ForwardMode.IDLE], kinds_on=kinds_on)))
+        batches.append(draw(batch(hisparse=f.hisparse, reqs=first.requests or None, modes_on=modes_on,
+                                  kinds_on=kinds_on)))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
                 graph_contract=contract,
                 delay_cycles=draw(st.sampled_from([0, 20_000_000, 100_000_000])),

@@ -16,7 +16,7 @@ from harness.oracles import oracle, oracle_names, parse_oracles, unregister
 from harness.targets import ReferenceTarget
 
 PLAIN = Case(batches=(Batch(requests=(Request(3, 5),)),))
-BUILT_IN = ("execution", "differential", "happens-before", "policy", "float64", "kv", "reference", "contract")
+BUILT_IN = ("execution", "differential", "happens-before", "policy", "fast-path", "freshness", "float64", "kv", "reference", "contract")
 
 
 @pytest.fixture

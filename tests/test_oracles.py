@@ -20,6 +20,7 @@ PLANTED = [
     ("differential", "scheduler_no_wait", PLAIN),
     ("happens-before", "scheduler_no_wait", PLAIN),
     ("policy", "fast_path_lost", PLAIN),
+    ("fast-path", "event_after_layers", PLAIN),
     ("float64", "padded_rows_live_slot", GRAPH),
     ("kv", "padded_rows_live_slot", GRAPH),
     ("execution", "missing_token_to_kv_pool", PLAIN),

@@ -17,7 +17,7 @@ from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import (LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetadata, DSV4Metadata,
                                     SparsePrefillChunkCache)
 from harness.model.pools import ForwardBatch, staged
-from harness.probe import Forward, LazyBuild, Snapshot, SwaLocFallback
+from harness.probe import Forward, LazyBuild, PlanKind, Planned, PlanRead, Snapshot, SwaLocFallback
 
 I32, I64 = torch.int32, torch.int64
 PER_BATCH = ("fb.req_pool_indices", "fb.positions", "fb.seq_lens", "fb.extend_seq_lens", "fb.out_cache_loc")
@@ -130,6 +130,13 @@ class DeepseekV4AttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self.forward_metadata = self.metadata_cls(self.build_core_metadata(forward_batch))
+        self.planned(PlanKind.METADATA, self.forward_metadata)
+
+    def planned(self, kind: PlanKind, plan) -> None:
+        """`plan` (metadata or a chunk cache) was just filled for the batch in flight: it gets a new plan number,
+        which the probe notes, so the `freshness` oracle can tell this batch's plans from one kept from another."""
+        plan.plan = next(self.model_runner.plan_numbers)
+        self.probe.note(Planned(kind, plan.plan))
 
     def build_core_metadata(self, fb: ForwardBatch) -> DSV4AttnMetadata:
         dims, dev = self.dims, self.device
@@ -249,6 +256,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                    reads={"req_to_token": frozenset(fb.req_pool_indices_cpu), "full_to_swa": None,
                           "fb.req_pool_indices": None, "meta.seq_lens_casual": None},
                    writes={"cache.swa_token_ids": None, "cache.c0_combined_indices": None})
+        self.planned(PlanKind.CHUNK_CACHE, cache)
         return cache
 
     # -- the model's forward after metadata init ------------------------------------------------------
@@ -267,6 +275,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         rows = fb.num_tokens
         sparse = self._use_sparse_prefill(fb, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
+        self.probe.note(PlanRead(PlanKind.METADATA, self.forward_metadata.plan))
         for layer, ratio in enumerate(dims.layer_ratios):
             self._store_swa(fb, layer)
             if store_compressed is not None:
@@ -413,6 +422,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
                 fb, core, num_qo_tokens=fb.num_tokens, label=f"layer{layer}.sparse_prefill_cache.lazy_build")
             self.probe.note(LazyBuild(layer=layer))
         cache = metadata.sparse_prefill_cache
+        self.probe.note(PlanRead(PlanKind.CHUNK_CACHE, cache.plan))
         if cache.num_qo_tokens != fb.num_tokens:
             raise RuntimeError(f"sparse prefill cache built for {cache.num_qo_tokens} query rows, "
                                f"the forward has {fb.num_tokens}")

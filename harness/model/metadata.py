@@ -105,6 +105,7 @@ class SparsePrefillChunkCache:
     c0_combined_lens: torch.Tensor  # [num_qo_tokens] int32; padded rows: all -1, length 0
     seq_lens_cpu: list[int]
     row_req: list[int]
+    plan: Optional[int] = None  # the planning that built it (`harness.probe.Planned`)
 
 
 @dataclass
@@ -113,6 +114,7 @@ class DSV4Metadata:
     sparse_prefill_cache: Optional[SparsePrefillChunkCache] = None
     late_layer_tail: None = None
     prefill_shared_reads_snapshotted: bool = False  # PR-era only
+    plan: Optional[int] = None  # the latest planning that filled it (`harness.probe.Planned`)
 
     def copy_(self, other: "DSV4Metadata", launch: Launch = launch_now) -> None:
         self.core_attn_metadata.copy_(other.core_attn_metadata, launch)

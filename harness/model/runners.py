@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import replace
 from typing import Optional
 
@@ -13,7 +14,7 @@ from harness.model.backend import DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import DSV4Metadata
 from harness.model.pools import ForwardBatch, staged
-from harness.probe import Dispatch, GraphReplay, MetadataReuse, Publish
+from harness.probe import Dispatch, GraphReplay, MetadataReuse, PlanKind, PlanRead, Publish
 
 _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR = 2
 
@@ -184,6 +185,7 @@ class PrefillGraphRunner:
                              reads={"meta.fresh": None}, writes={"meta.static": None})
         mr.probe.note(MetadataReuse(cache_reset=static.sparse_prefill_cache is None,
                                     flag_reset=not static.prefill_shared_reads_snapshotted))
+        backend.planned(PlanKind.METADATA, static)
         backend.forward_metadata = static
 
 
@@ -230,6 +232,7 @@ class ModelRunner:
         self.spec_algorithm, self.dims, self.sink, self.probe = spec_algorithm, dims, sink, probe
         self.req_to_token_pool, self.token_to_kv_pool = req_to_token_pool, token_to_kv_pool
         self.shared_read_done_event = None
+        self.plan_numbers = itertools.count(1)  # one per planning of metadata or a chunk cache (`backend.planned`)
         self.attn_backend = self.backend_cls(self)
         self.eager_runner = self.eager_runner_cls(self)
         self.graph_runner = self.graph_runner_cls(self, contract=graph_contract)
@@ -239,10 +242,7 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch, *, graph: bool) -> dict[str, torch.Tensor]:
         self.probe.note(Dispatch(mode=fb.forward_mode.name, tokens=fb.num_tokens))
         if fb.forward_mode.is_idle():
-            # EagerRunner._execute_idle of every release: an idle batch without rows drops the stale metadata
-            # (an SWA use-after-free otherwise), so nothing declared for the last batch outlives it
-            self.attn_backend.forward_metadata = None
-            return {}
+            return self.execute_idle()
         if graph and self.graph_runner.can_run_graph(fb.num_tokens):
             out = self.graph_runner.execute(fb)
         else:
@@ -250,6 +250,13 @@ class ModelRunner:
         outputs = {"attention": out}
         outputs.update(self.run_speculative_tail(fb))
         return outputs
+
+    def execute_idle(self) -> dict[str, torch.Tensor]:
+        """EagerRunner._execute_idle of every release: an idle batch without rows drops the stale metadata (an SWA
+        use-after-free otherwise), then the model's forward runs over no rows with what the backend holds."""
+        self.attn_backend.forward_metadata = None
+        self.probe.note(PlanRead(PlanKind.METADATA, getattr(self.attn_backend.forward_metadata, "plan", None)))
+        return {}
 
     def run_model(self, fb: ForwardBatch, store_compressed=None) -> torch.Tensor:
         dims = self.dims

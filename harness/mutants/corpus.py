@@ -20,7 +20,7 @@ from harness.model.metadata import (COPY_IN_PLACE, LARGE_INDEXER_QUERY_THRESHOLD
 from harness.model.pools import staged
 from harness.model.runners import ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
-from harness.probe import Snapshot
+from harness.probe import PlanKind, PlanRead, Snapshot
 from harness.targets import Classes, ReferenceTarget
 
 
@@ -490,3 +490,80 @@ def _fast_path_lost() -> Classes:
         runners.maybe_publish_prefill_shared_read_done_pr(model_runner, fb, device)
 
     return _runner(publish=staticmethod(publish), publish_pr=staticmethod(publish_pr))
+
+
+# -- stale state across steps (issue 30): found by the `freshness` oracle ------------------------------------
+
+@mutant("metadata_kept_across_idle", "an idle step without rows keeps the previous batch's metadata, and the idle "
+        "forward runs with it (the drop of every release's EagerRunner._execute_idle reverted)",
+        "issue 30 (SGLang: an SWA use-after-free otherwise)", "freshness")
+def _metadata_kept_across_idle() -> Classes:
+    def execute_idle(self):
+        self.probe.note(PlanRead(PlanKind.METADATA, getattr(self.attn_backend.forward_metadata, "plan", None)))
+        return {}
+
+    return _runner(execute_idle=execute_idle)
+
+
+@mutant("cache_kept_across_bucket_change", "a replay whose bucket is not the one replayed last keeps the chunk cache "
+        "its captured metadata held (the reset runs only on a same-bucket replay)", "issue 30", "freshness")
+def _cache_kept_across_bucket_change() -> Classes:
+    class Runner(PrefillGraphRunner):
+        last_bucket = None
+
+        def _prepare_forward_metadata_for_replay(self, padded, static):
+            kept = static.sparse_prefill_cache
+            PrefillGraphRunner._prepare_forward_metadata_for_replay(self, padded, static)
+            if self.last_bucket not in (None, padded.num_tokens):
+                static.sparse_prefill_cache = kept
+            self.last_bucket = padded.num_tokens
+
+    return _runner(graph_runner_cls=Runner)
+
+
+# -- a lost fast path no value shows (issue 30): found by the `fast-path` oracle alone -----------------------
+
+@mutant("event_after_layers", "the read-done event is recorded after the layers: it fires with the whole forward",
+        "issue 30 (the event kept, the overlap lost)", "fast-path")
+def _event_after_layers() -> Classes:
+    def publish(model_runner, ends, device):
+        model_runner.deferred_publish = lambda: runners.maybe_publish_prefill_shared_read_done(model_runner, ends,
+                                                                                               device)
+
+    def publish_pr(model_runner, fb, device):
+        model_runner.deferred_publish = lambda: runners.maybe_publish_prefill_shared_read_done_pr(model_runner, fb,
+                                                                                                  device)
+
+    def run_model(self, fb, store_compressed=None):
+        out = ModelRunner.run_model(self, fb, store_compressed=store_compressed)
+        deferred, self.deferred_publish = getattr(self, "deferred_publish", None), None
+        if deferred is not None:
+            deferred()
+        return out
+
+    return _runner(publish=staticmethod(publish), publish_pr=staticmethod(publish_pr), run_model=run_model)
+
+
+@mutant("barrier_ignores_event", "the barrier reads the mailbox of a runner that never publishes (EAGLE v2's draft "
+        "runner), so it always falls back to the coarse barrier", "issue 30 (DESIGN: last_shared_read_runner)",
+        "fast-path")
+def _barrier_ignores_event() -> Classes:
+    class DraftMailbox(Scheduler):
+        @property
+        def last_shared_read_runner(self):
+            if not hasattr(self, "_draft_runner"):
+                self._draft_runner = type("DraftRunner", (), {"shared_read_done_event": None})()
+            return self._draft_runner
+
+    return Classes(scheduler=DraftMailbox)
+
+
+@mutant("barrier_waits_forward_after_publish", "the barrier waits on the event and then on the whole forward stream",
+        "issue 30 (a belt-and-braces wait)", "fast-path")
+def _barrier_waits_forward_after_publish() -> Classes:
+    class BeltAndBraces(Scheduler):
+        def _apply_war_barrier(self):
+            super()._apply_war_barrier()
+            self.device.wait_stream(self.device.schedule_stream, self.device.forward_stream)
+
+    return Classes(scheduler=BeltAndBraces)

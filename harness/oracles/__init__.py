@@ -1,7 +1,8 @@
 """The oracles, one module each, and their registry (`registry.py`).
 
 Imported here in the order they judge a case (the order of their findings): a run that raised first,
-then the differential, the tracker, the policy, the two checks of the barriered run, and the two that ask
+then the differential, the tracker, the policy, the fast path (the tracker's timeline), freshness (the
+plans a forward read), the two checks of the barriered run, and the two that ask
 a target that is not the model.
 """
 
@@ -10,6 +11,8 @@ from harness.oracles import (  # noqa: F401 - each registers its oracle
     differential,
     happens_before,
     policy,
+    fast_path,
+    freshness,
     float64,
     kv,
     reference,

@@ -1,0 +1,43 @@
+"""`freshness`: what a forward reads of its planned inputs (the attention metadata, the sparse prefill chunk
+cache) was planned for that forward's batch, not kept from an earlier step.
+
+A kept plan can hold the same values as a fresh one (the same geometry again), and then no value differs; it
+can also hold tables an earlier step's scheduler has since rewritten (SGLang's idle step drops its metadata for
+that reason: an SWA use-after-free otherwise). So the check is one of identity, against the batch's own plans:
+the target notes each planning (`Planned`, a number never reused in its session: a fresh metadata object, a
+captured bucket's metadata refilled for a replay, a chunk cache built) and each read (`PlanRead`, the number
+of what it read); every read plan must have been planned earlier in the same batch. This holds across idle
+steps (which must read nothing planned), refused replays (the eager path plans afresh), bucket changes (each
+bucket's captured metadata is refilled, its cache reset) and speculative steps.
+
+A read of something without a plan number (`PlanRead.plan` None outside an idle step) is not judged: a target
+that does not number its plans (the sglang target runs SGLang's own objects) is judged by the other oracles.
+"""
+
+from __future__ import annotations
+
+from harness.findings import Finding
+from harness.oracles.registry import Judged, oracle
+from harness.targets.protocol import Planned, PlanRead
+
+
+@oracle("freshness", "a forward read metadata or a chunk cache planned for another batch")
+def freshness_oracle(judged: Judged) -> list[Finding]:
+    run, batches = judged.overlapped, judged.case.batches
+    planned_in: dict[tuple, int] = {}  # (kind, plan) -> the batch that planned it
+    out = []
+    for index, notes in enumerate(run.notes):
+        own: set[tuple] = set()
+        for record in notes:
+            if isinstance(record, Planned):
+                own.add((record.kind, record.plan))
+                planned_in[(record.kind, record.plan)] = index
+            elif isinstance(record, PlanRead) and record.plan is not None and (record.kind, record.plan) not in own:
+                own.add((record.kind, record.plan))  # reported once per batch and plan
+                origin = planned_in.get((record.kind, record.plan))
+                where = f"batch {origin}" if origin is not None else "no step before the read"
+                out.append(Finding("freshness", "stale-plan",
+                                   f"batch {index} ({batches[index].mode.name}) read {record.kind.value} planned for "
+                                   f"{where}, not for itself (plan {record.plan})", index,
+                                   details={"plan": record.kind.value, "planned_in": origin}))
+    return out

@@ -1,0 +1,80 @@
+"""The fast-path oracle: the tracker's timeline, and each way of losing the overlap on a planted bug, on both
+semantics; quiet on the clean reference and where the coarse barrier is asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.case import Batch, Case, Flags, Mutation, Request
+from harness.engine import run_case
+from harness.findings import RunRecord
+from harness.hb import Checkpoint, HappensBefore, Issued, Recorded
+from harness.model.enums import SpeculativeAlgorithm
+from harness.mutants.corpus import mutant_target
+from harness.oracles.fast_path import fast_path_oracle
+from harness.oracles.registry import Judged
+from harness.probe import Publish
+from harness.targets import ReferenceTarget
+
+ONLY = frozenset({"fast-path"})
+
+
+def publishing_case(semantics: str, *, graph: bool = False, **flags) -> Case:
+    """One batch the design says publishes: plain EXTEND on 0.5.23, DFLASH with the flag on the PR-era form."""
+    spec = SpeculativeAlgorithm.DFLASH if semantics == "pr" else SpeculativeAlgorithm.NONE
+    return Case(semantics=semantics, spec=spec, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, **flags),
+                batches=(Batch(requests=(Request(5, 3), Request(0, 2)), graph=graph,
+                               mutations=(Mutation("req_to_token_rewrite"),)),))
+
+
+def test_the_timeline_holds_launches_records_and_checkpoints_in_issue_order():
+    hb = HappensBefore()
+    hb.launch(1, "read", reads={"req_to_token": None})
+    hb.record(7, 1)
+    hb.launch(1, "layer", writes={"swa_kv[0]": None})
+    hb.checkpoint(2)
+    hb.wait(2, 7)
+    hb.checkpoint(2)
+    timeline = hb.take_timeline()
+    assert [type(e) for e in timeline] == [Issued, Recorded, Issued, Checkpoint, Checkpoint]
+    assert timeline[1].clock == {1: 1} and timeline[2].buffers == frozenset({"swa_kv[0]"})
+    assert timeline[3].clock.get(1, 0) == 0 and timeline[4].clock[1] == 1  # the wait ordered it after the record
+    assert hb.take_timeline() == []
+
+
+@pytest.mark.parametrize("semantics", ["0.5.23", "pr"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_the_clean_reference_keeps_its_fast_path(semantics, graph):
+    assert run_case(ReferenceTarget(), publishing_case(semantics, graph=graph)).findings == []
+
+
+@pytest.mark.parametrize("semantics", ["0.5.23", "pr"])
+@pytest.mark.parametrize("mutant,cause", [("event_after_layers", "event-after-layers"),
+                                          ("barrier_ignores_event", "barrier-waits-past-event"),
+                                          ("barrier_waits_forward_after_publish", "barrier-waits-past-event")])
+def test_each_lost_fast_path_is_a_performance_finding_naming_its_cause(semantics, mutant, cause):
+    case = publishing_case(semantics)
+    findings = run_case(mutant_target(mutant), case).findings
+    assert [(f.oracle, f.kind, f.severity, f.details["cause"]) for f in findings] == [
+        ("fast-path", "missed-fast-path", "performance", cause)]
+
+
+def test_a_scheduler_that_does_not_wait_on_the_published_event_is_a_correctness_finding():
+    findings = run_case(mutant_target("scheduler_no_wait"), publishing_case("0.5.23"), oracles=ONLY).findings
+    assert [(f.kind, f.severity) for f in findings] == [("unawaited-event", "correctness")]
+
+
+def test_the_coarse_barrier_asked_for_is_no_lost_fast_path():
+    """PR-era releases record the event under SGLANG_FORCE_COARSE_WAR_BARRIER, and the scheduler waits for the
+    whole forward: what the flag asks for."""
+    case = publishing_case("pr", SGLANG_FORCE_COARSE_WAR_BARRIER=True)
+    result = run_case(ReferenceTarget(), case)
+    assert any(isinstance(r, Publish) for r in result.overlapped.notes[0]) and result.findings == []
+
+
+def test_a_publishing_batch_whose_result_the_scheduler_never_took_is_reported():
+    case = publishing_case("0.5.23")
+    run = run_case(ReferenceTarget(), case).overlapped
+    run.timeline[0] = [e for e in run.timeline[0] if not isinstance(e, Checkpoint)]
+    findings = fast_path_oracle(Judged(case, run, RunRecord()))
+    assert [f.kind for f in findings] == ["scheduler-never-ran"]
