@@ -218,6 +218,11 @@ MUTANTS = (
                         "            )\n"
                         "            self._late_publish = None\n"
                         "        return ret\n"),)),
+    # -- stale state across steps (issue 30): the `freshness` oracle's
+    SourceMutant("idle_keeps_metadata", EAGER_RUNNER,
+                 "            model_runner.attn_backend.forward_metadata = None\n", "            pass\n",
+                 "EagerRunner._execute_idle no longer drops the previous batch's metadata: the idle step's forward runs "
+                 "with it (SGLang's comment: an SWA use-after-free on req_pool)"),
     SourceMutant("copy_assigns_c4_out_loc", BACKEND,
                  '"positions_casual",\n                "c4_out_loc",\n                "c128_out_loc",\n',
                  '"positions_casual",\n                "c128_out_loc",\n',

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import textwrap
 from types import SimpleNamespace
 
 from harness.sglang_target._api import prepare_triton
@@ -32,7 +34,8 @@ from harness.sglang_target._api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
-from harness.targets.protocol import Forward, GraphReplay, LazyBuild, Publish, Snapshot  # noqa: E402
+from harness.targets.protocol import (Forward, GraphReplay, LazyBuild, Planned, PlanRead, Publish,  # noqa: E402
+                                      Snapshot)
 
 # The sizes the installed release's cases run at (0.5.23's backend asserts DSV4's page, head_dim and top-k).
 FIXED_DIMS = tuple(fixed_dims(load_api()).items())
@@ -517,3 +520,48 @@ def test_the_command_line_runs_the_sglang_target_as_a_user_types_it(tmp_path, ha
                            "--examples", "2", "--report-dir", str(tmp_path / "report"), "-q"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+
+
+def _idle_step_case() -> Case:
+    return Case(dims=DIMS, graph_contract="bcg", batches=(
+        Batch(requests=(Request(5, 3),), mutations=(REWRITE,)),
+        Batch(mode=ForwardMode.IDLE, requests=(), mutations=(Mutation("req_to_token_rewrite", target="other"),)),
+        Batch(requests=(Request(2, 4),), graph=True, mutations=(REWRITE,)),
+        Batch(requests=(Request(2, 4),), graph=True, mutations=(REWRITE,))))
+
+
+def test_sglangs_plans_are_numbered_and_each_forward_reads_its_own(target, harness_device):
+    """The `freshness` oracle on the real target: SGLang's metadata init, the breakable replay's refresh and the
+    resolver's chunk-cache build are numbered plans (`plans.Plans`), each forward's read names the plan it read,
+    and on clean code every read is of a plan of its own batch; the idle step (SGLang drops the metadata) reads
+    nothing planned."""
+    result = run_case(target, _idle_step_case(), harness_device, target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+    per_batch = [[r for r in batch if isinstance(r, (Planned, PlanRead))] for batch in result.overlapped.notes]
+    for index, records in enumerate(per_batch):
+        reads = [r for r in records if isinstance(r, PlanRead)]
+        assert reads, f"batch {index} noted no read: {records}"
+        if index == 1:
+            assert [r.plan for r in reads] == [None]
+        else:
+            own = {r.plan for r in records if isinstance(r, Planned)}
+            assert all(r.plan in own for r in reads), records
+
+
+def test_an_idle_step_that_keeps_the_metadata_is_found_stale(target, harness_device, monkeypatch):
+    """`EagerRunner._execute_idle` without its drop of the metadata (SGLang's comment: "unpadded must drop stale
+    forward_metadata to avoid an SWA use-after-free on req_pool"), rebuilt from SGLang's own source with that one
+    statement removed: the idle step's forward reads the previous batch's plan, and `freshness` says so."""
+    runner_cls = target.api.mods["eager_runner"].EagerRunner
+    source = textwrap.dedent(inspect.getsource(runner_cls._execute_idle))
+    drop = "model_runner.attn_backend.forward_metadata = None"
+    assert source.count(drop) == 1, "this sglang's _execute_idle no longer drops the metadata in one statement"
+    namespace = {}
+    exec(compile(source.replace(drop, "pass"), "<_execute_idle without the drop>", "exec"),
+         vars(inspect.getmodule(runner_cls)), namespace)
+    monkeypatch.setattr(runner_cls, "_execute_idle", namespace["_execute_idle"])
+    result = run_case(target, _idle_step_case(), harness_device, target_spec="sglang",
+                      oracles=frozenset({"freshness"}))
+    stale = [f for f in result.findings if f.kind == "stale-plan"]
+    assert stale and stale[0].batch == 1 and "planned for batch 0" in stale[0].message, \
+        [f.message for f in result.findings]

@@ -11,7 +11,8 @@ steps (which must read nothing planned), refused replays (the eager path plans a
 bucket's captured metadata is refilled, its cache reset) and speculative steps.
 
 A read of something without a plan number (`PlanRead.plan` None outside an idle step) is not judged: a target
-that does not number its plans (the sglang target runs SGLang's own objects) is judged by the other oracles.
+that does not number its plans is judged by the other oracles. The sglang target numbers SGLang's own objects by
+identity (`harness.sglang_target.plans`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from harness.probe import Forward, LazyBuild
+from harness.probe import Forward, LazyBuild, PlanKind
 from harness.sglang_target import real_backend
 from harness.sglang_target.platform import sglang_config, swa_window
 from harness.sglang_target.real_graph import CapturedBucket
@@ -112,6 +112,7 @@ class EagerPath:
         with self.device.host_work("DeepseekV4AttnBackend.init_forward_metadata", reads=reads,
                                    writes={"meta": None}), self.sglang():
             init(self.real.backend, forward_batch)
+        self.mr.plans.planned(PlanKind.METADATA, self.real.backend.forward_metadata)
 
     def prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
         """The backend's own `prepare_forward_metadata_for_breakable_cuda_graph_replay` (SGLang's replay prep calls
@@ -122,6 +123,7 @@ class EagerPath:
         with self.device.host_work("DeepseekV4AttnBackend.prepare_forward_metadata_for_breakable_cuda_graph_replay",
                                    reads=reads, writes={"meta": None}), self.sglang():
             prepare(self.real.backend, capture_metadata, forward_batch, static_forward_batch=static_forward_batch)
+        self.mr.plans.planned(PlanKind.METADATA, capture_metadata)
 
     def resolve(self, real_resolve, forward_batch, **kwargs):
         """The backend's own resolver, which may build the chunk cache: the snapshot's reads of the tables."""
@@ -148,13 +150,15 @@ class EagerPath:
         with self.sglang():
             sparse = backend._use_sparse_prefill(forward_batch, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
+        self.mr.plans.read(PlanKind.METADATA, metadata)
         builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily
         for layer, ratio in enumerate(dims.layer_ratios):
             if ratio:
                 self._compressor(segments, layer, ratio)
             if ratio == 4:
                 self._indexer(fb, segments, layer)
-            self._attention(fb, forward_batch, metadata, layer, ratio, out, builds=builds and layer == 0)
+            self._attention(fb, forward_batch, metadata, layer, ratio, out, sparse=sparse,
+                            builds=builds and layer == 0)
         return out
 
     def _compressor(self, segments: "_Segments", layer: int, ratio: int) -> None:
@@ -198,9 +202,10 @@ class EagerPath:
                            reads={"indexer_k": None, "meta": None}, writes={"meta.c4_sparse": None})
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
-                   builds: bool) -> None:
-        """The backend's `forward` for one layer, as one launch. `builds`: the chunk cache is missing at issue, so
-        this layer is meant to build it from the tables (the coarse barrier orders that read; after a
+                   sparse: bool, builds: bool) -> None:
+        """The backend's `forward` for one layer, as one launch. `sparse`: the layer reads the chunk cache (noted for
+        the `freshness` oracle, as a build the layer makes itself); `builds`: the chunk cache is missing at issue,
+        so this layer is meant to build it from the tables (the coarse barrier orders that read; after a
         published event it is a race, which the tracker and the policy oracle report)."""
         backend, radix = self.real.backend, self.real.layers[layer]
         q, k = fb.q[layer].to(torch.bfloat16), fb.kv_new[layer].to(torch.bfloat16)
@@ -212,6 +217,9 @@ class EagerPath:
                 out[layer].copy_(backend.forward(q, k, k, radix, forward_batch, compress_ratio=ratio, attn_sink=sink))
                 if metadata.sparse_prefill_cache is not cache:  # this layer built the chunk cache itself
                     self.probe.note(LazyBuild(layer=layer))
+                    self.mr.plans.planned(PlanKind.CHUNK_CACHE, metadata.sparse_prefill_cache)
+                if sparse:
+                    self.mr.plans.read(PlanKind.CHUNK_CACHE, metadata.sparse_prefill_cache)
 
         reads = {f"swa_kv[{layer}]": None, "meta": None, "cache": None}
         writes = {f"swa_kv[{layer}]": None, "out": None}

@@ -106,9 +106,11 @@ from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
 from harness.observe import default_buffers
-from harness.probe import Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, Publish, Snapshot, SwaLocFallback
+from harness.probe import (Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, PlanKind, Publish, Snapshot,
+                           SwaLocFallback)
 from harness.sglang_target import server
 from harness.sglang_target.eager import EagerPath
+from harness.sglang_target.plans import Plans
 from harness.sglang_target.real_backend import RealDsv4, fixed_dims
 from harness.sglang_target.real_graph import RealGraphs, load_static_inputs
 from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, one_dp_rank,
@@ -237,7 +239,8 @@ class HarnessLayers:
         fb = mr.replay_batch if mr.replay_batch is not None else mr.live_batch
         if fb is None:
             raise RuntimeError("SGLang called the model's forward outside a batch of the harness")
-        if forward_batch.forward_mode.is_idle():
+        if forward_batch.forward_mode.is_idle():  # the forward runs over no rows with what the backend holds
+            mr.plans.read(PlanKind.METADATA, mr.attn_backend.forward_metadata)
             dims = mr.case.dims
             return torch.zeros(0, len(dims.layer_ratios), dims.heads, dims.head_dim)
         if mr.real_batch:
@@ -431,6 +434,7 @@ class SglangModelRunner:
         self.session, self.api, self.case = session, api, case
         self.harness_device = device
         self.probe = session.probe
+        self.plans = Plans(self.probe)  # the freshness oracle's plan numbers for SGLang's objects
         self.harness = session.harness_runner
         # --speculative-algorithm as the server resolves it (NEXTN is EAGLE's alias; before 0.5.23 only there)
         cli_name = api.mods["spec_hook"]._resolve_speculative_algorithm_alias(case.spec.name, None)
@@ -564,6 +568,8 @@ class SglangModelRunner:
             else:
                 ends = real_resolve(forward_batch, **kwargs)
             after = getattr(backend.forward_metadata, "sparse_prefill_cache", None)
+            if after is not None and after is not before:
+                self.plans.planned(PlanKind.CHUNK_CACHE, after)
             snapshotted = (ends is api.mods["base_backend"].SharedReadEnds.PRE_REPLAY
                            if api.generation.publishes_from_read_end
                            else getattr(backend.forward_metadata, "prefill_shared_reads_snapshotted", False))
@@ -727,12 +733,13 @@ class SglangModelRunner:
         backend = self.attn_backend
         if static is None:
             backend.forward_metadata = fresh
-            return
-        with self.harness_device.host_work("DSV4Metadata.copy_", reads=_METADATA_SOURCES,
-                                           writes={"meta.static": None}):
-            static.copy_(fresh)
-        self._note_reuse(static)
-        backend.forward_metadata = static
+        else:
+            with self.harness_device.host_work("DSV4Metadata.copy_", reads=_METADATA_SOURCES,
+                                               writes={"meta.static": None}):
+                static.copy_(fresh)
+            self._note_reuse(static)
+            backend.forward_metadata = static
+        self.plans.planned(PlanKind.METADATA, backend.forward_metadata)
 
     def _prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
         """Replaced: fresh metadata from the padded static batch, into the captured object by SGLang's own
@@ -747,6 +754,7 @@ class SglangModelRunner:
                    reads={"meta.fresh": None}, writes={"meta.static": None})
         self._note_reuse(capture_metadata)
         self.attn_backend.forward_metadata = capture_metadata
+        self.plans.planned(PlanKind.METADATA, capture_metadata)
 
     def _note_reuse(self, metadata) -> None:
         self.probe.note(MetadataReuse(cache_reset=metadata.sparse_prefill_cache is None,
@@ -791,6 +799,7 @@ class SglangModelRunner:
         decide = getattr(backend, "_use_sparse_prefill", harness._use_sparse_prefill)
         sparse = decide(view, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
+        self.plans.read(PlanKind.METADATA, backend.forward_metadata)
         for layer, ratio in enumerate(self.case.dims.layer_ratios):
             self._store_swa(fb, view, layer)
             if store_compressed is not None:
@@ -830,7 +839,9 @@ class SglangModelRunner:
             metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
                 view, *core_arg, num_qo_tokens=rows)
             self.probe.note(LazyBuild(layer=layer))
+            self.plans.planned(PlanKind.CHUNK_CACHE, metadata.sparse_prefill_cache)
         holder = metadata.sparse_prefill_cache
+        self.plans.read(PlanKind.CHUNK_CACHE, holder)
         if holder.num_qo_tokens != rows:
             raise RuntimeError(f"sparse prefill cache built for {holder.num_qo_tokens} query rows, "
                                f"the forward has {rows}")
