@@ -40,5 +40,6 @@ def describe_internal_error(exc: BaseException) -> str:
     """One line for an exception the harness did not raise on purpose: what, and the innermost frame."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))
     return (f"internal error: the harness itself failed (not the system under test), exit {int(ExitCode.INTERNAL)}: "
-            f"{type(exc).__name__}: {exc}{where}")
+            f"{type(exc).__name__}: {exc}{where}{notes}")

@@ -143,10 +143,21 @@ def replace_report(report_dir: Path, replaced: tuple[str, ...], build: Callable[
                 if entry.name not in replaced and not (staging / entry.name).exists():
                     _link(entry, staging / entry.name)
         build(staging)
+    except Exception as exc:
+        # A build that failed after writing this run's files (the summary, then a page that could not render) keeps
+        # them: they go in, without the page, which `harness report` renders again. One that wrote none of them
+        # leaves the old folder as it was.
+        if not any((staging / name).exists() for name in replaced):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         swap_in(staging, report_dir)
+        exc.add_note(f"this run's files are in {report_dir}, without the page: `python -m harness report "
+                     f"{report_dir}` renders it once the cause is fixed")
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    swap_in(staging, report_dir)
 
 
 def new_staging_folder(report_dir: Path) -> Path:

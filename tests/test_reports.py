@@ -14,14 +14,14 @@ import pytest
 from harness.case import Batch, Case, Mutation, Request
 from harness.cli import main
 from harness.engine import run_case
-from harness.errors import InvalidArgument
+from harness.errors import InvalidArgument, describe_internal_error
 from harness.mutants.corpus import mutant_target
 from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder
 from reports.html import first_difference, render_html
 from reports.verdict import BROKEN, CLEAN, FOUND, INTERRUPTED, judge
-from reports.writers import write_json_atomically, write_text_atomically
+from reports.writers import replace_report, write_json_atomically, write_text_atomically
 
 pytest_plugins = ["pytester"]  # the reporting plugin is checked in an inner pytest run
 
@@ -501,6 +501,35 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     write_text_atomically(target, "old")
     write_text_atomically(target, "new")
     assert target.read_text() == "new" and [p.name for p in target.parent.iterdir()] == ["index.html"]
+
+
+def test_a_page_that_fails_to_render_keeps_the_runs_files_in_the_folder(tmp_path):
+    """A run's summary is written, then its page raises (a template fault): the summary goes into the folder
+    without the page, the error says so, and `report` can render it later; the old page is not left beside it.
+    A build that wrote none of the run's files leaves the old folder whole."""
+    folder = tmp_path / "report"
+    write_json_atomically(folder / "summary.json", {"cases": 1})
+    write_text_atomically(folder / "index.html", "old page")
+    write_text_atomically(folder / "kept.txt", "not replaced")
+
+    def summary_then_fault(staging: Path) -> None:
+        write_json_atomically(staging / "summary.json", {"cases": 2})
+        raise RuntimeError("the template failed")
+
+    with pytest.raises(RuntimeError) as info:
+        replace_report(folder, ("summary.json", "index.html"), summary_then_fault)
+    assert json.loads((folder / "summary.json").read_text()) == {"cases": 2}
+    assert not (folder / "index.html").exists() and (folder / "kept.txt").read_text() == "not replaced"
+    assert "python -m harness report" in describe_internal_error(info.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]  # no staging folder left
+
+    def fault_first(staging: Path) -> None:
+        raise RuntimeError("nothing written")
+
+    with pytest.raises(RuntimeError):
+        replace_report(folder, ("summary.json", "index.html"), fault_first)
+    assert json.loads((folder / "summary.json").read_text()) == {"cases": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]
 
 
 # -- the pytest plugin ----------------------------------------------------------------------------
