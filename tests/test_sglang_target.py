@@ -431,15 +431,16 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
 
 
 def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target, harness_device, monkeypatch):
-    """Where the backend runs for real, a replay of the breakable graph (`bcg`) is SGLang's: the bucket captured
-    once by `capture_one_shape` (its metadata planned by the backend's capture init), each replay's metadata
-    refreshed by the backend's own prep, every layer through the backend's `forward`; the harness fills no
-    metadata field (`_fresh_metadata` never runs)."""
+    """Where the backend runs for real, a replay of the breakable graph (`bcg`) is SGLang's: the runner built by its
+    own `__init__`, which captures the bucket at start-up through `capture_one_shape` (its metadata planned by the
+    backend's capture init), each replay's metadata refreshed by the backend's own prep, every layer through the
+    backend's `forward`; the harness fills no metadata field (`_fresh_metadata` never runs)."""
     from harness.sglang_target.session import SglangModelRunner
 
     mods, backend_cls = target.api.mods, target.api.backend_cls
     calls = []
-    entries = [(mods["graph_runner"].PrefillCudaGraphRunner, "capture_one_shape"),
+    entries = [(mods["graph_runner"].PrefillCudaGraphRunner, "__init__"),
+               (mods["graph_runner"].PrefillCudaGraphRunner, "capture_one_shape"),
                (backend_cls, "init_forward_metadata_for_breakable_cuda_graph_capture"),
                (backend_cls, "prepare_forward_metadata_for_breakable_cuda_graph_replay"),
                (backend_cls, "forward"), (SglangModelRunner, "_fresh_metadata")]
@@ -456,6 +457,9 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
     assert calls.count("prepare_forward_metadata_for_breakable_cuda_graph_replay") == 2 * calls.count("capture_one_shape")
     assert calls.count("forward") == layers * calls.count("prepare_forward_metadata_for_breakable_cuda_graph_replay")
     assert calls.count("capture_one_shape") >= 1 and "_fresh_metadata" not in calls
+    # each session's runner is SGLang's, and its one bucket is captured before the first replay asks for it
+    assert calls.count("__init__") == calls.count("capture_one_shape") >= 2
+    assert calls.index("capture_one_shape") < calls.index("prepare_forward_metadata_for_breakable_cuda_graph_replay")
 
 
 def test_a_breakable_bucket_wider_than_the_request_table_is_captured_in_requests_that_fit(target, harness_device):

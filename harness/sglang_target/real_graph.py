@@ -3,7 +3,7 @@ real DSV4 backend: SGLang captures the bucket and plans its metadata, the harnes
 
 What runs, all SGLang's own code (`prefill_cuda_graph_runner.py` unless named):
 
-- capture, once per bucket: `PrefillCudaGraphRunner.capture_one_shape` -> `capture_prepare` (the dummy batch over
+- capture, every bucket at start-up: `PrefillCudaGraphRunner.capture_one_shape` -> `capture_prepare` (the dummy batch over
   the runner's static buffers and registry slots, SGLang's `TboCudaGraphRunnerPlugin`, the translator's
   `bind_runner_slots`) -> `_init_forward_metadata_for_capture` -> the backend's
   `init_forward_metadata_for_breakable_cuda_graph_capture` (the bucket's metadata, kept by the runner in
@@ -21,9 +21,9 @@ capture (`bound_at_capture`). The captured segments (each layer's compressor sto
 `eager.EagerPath`) read those, as captured kernels read the addresses they were recorded with: a refresh that
 re-binds a field instead of copying into it leaves them reading the capture's tensor, as on a GPU.
 
-SGLang captures every bucket at start-up, before any request; the harness captures a bucket when the first
-replay asks for it, so the capture's host work (it reads the dummy batch's rows of the request table) is not
-observed: at start-up it cannot race with anything.
+SGLang captures every bucket at start-up, in the runner's `__init__` (`graph_runner.SglangPrefillGraphRunner`),
+before any request: the capture's host work (it reads the dummy batch's rows of the request table) is not
+observed, since at start-up it cannot race with anything.
 """
 
 from __future__ import annotations
@@ -84,23 +84,21 @@ class RealGraphs:
             runner.attn_metadata_buffers = saved
 
     def ensure(self, bucket: int, padded) -> CapturedBucket:
-        """The bucket, captured by SGLang's `capture_one_shape` on its first use; its static inputs sized from
-        `padded` (the live batch padded to the bucket)."""
-        if bucket not in self.buckets:
-            mr = self.mr
-            observer = mr.harness_device.observer
-            with (observer.suspended() if observer is not None else contextlib.nullcontext()), mr.eager.sglang():
-                self.runner.capture_one_shape(bucket)
-            if bucket not in self.buckets:
-                raise RuntimeError(f"SGLang's capture_one_shape({bucket}) did not call the graph backend's capture_one")
-            held = self.buckets[bucket]
+        """The bucket as SGLang's start-up capture kept it; its static inputs sized from `padded` (the live batch
+        padded to the bucket) when first replayed. A bucket the runner never captured is the harness's error: the
+        runner was built to capture every bucket the case's graph batches pad to."""
+        held = self.buckets.get(bucket)
+        if held is None:
+            raise RuntimeError(f"SGLang's replay asked for bucket {bucket}, which its start-up capture did not capture "
+                               f"(captured: {sorted(self.buckets)})")
+        if held.compressed_new is None:
             held.compressed_new = torch.zeros_like(padded.compressed_new)
             held.index_k_new = torch.zeros_like(padded.index_k_new)
-        return self.buckets[bucket]
+        return held
 
     def captured(self, shape_key) -> None:
         """The graph backend's `capture_one`: the metadata SGLang just planned for the bucket, as captured."""
-        metadata = self.metadata_buffers.get(shape_key)
+        metadata = (self.runner.attn_metadata_buffers or {}).get(shape_key)
         if metadata is None:
             raise RuntimeError(f"capture of {shape_key}: SGLang planned no captured metadata for it")
         self.buckets[shape_key.size] = CapturedBucket(bound_at_capture(metadata))

@@ -43,7 +43,7 @@ def _model_dir() -> Path:
     return path
 
 
-_published: list[str] = []  # the device the process's server was published for
+_published: list = []  # the ServerArgs the process's server was published from
 
 
 def publish(api, device: str) -> None:
@@ -54,4 +54,11 @@ def publish(api, device: str) -> None:
     server_args = api.mods["server_args"].ServerArgs(model_path=str(_model_dir()), device=device,
                                                      skip_tokenizer_init=True)
     api.mods["runtime"].publish(server_args, role="scheduler")
-    _published.append(device)
+    _published.append(server_args)
+
+
+def server_args():
+    """The published server's resolved `ServerArgs` (a model runner's `server_args`)."""
+    if not _published:
+        raise RuntimeError("the tiny server's configuration was read before it was published")
+    return _published[0]

@@ -7,10 +7,10 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer
   its `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
   `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in where its wheel does not load).
-  Such a batch replayed by the breakable graph (`bcg`) does too: SGLang captures the bucket
-  (`capture_one_shape`, the backend's capture init) and refreshes it per replay (the backend's own prep), the
-  captured segments read what the capture bound (`real_graph.py`). Its KV is in SGLang's pool, which
-  `kv_state` decodes;
+  Such a batch replayed by the breakable graph (`bcg`) does too: SGLang's `PrefillCudaGraphRunner`, built by its
+  own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
+  it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
+  `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
 - every other batch (decode, verify and draft-extend batches, CP and HiSparse cases, every batch of a PR-era
   release, tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the
   same backend object, as listed under "Replaced" below.
@@ -27,7 +27,8 @@ function):
   (`cuda_graph_buffer_registry.build_eager_registry`); the MIXED -> EXTEND rewrite, the metadata-init
   condition, the resolve -> publish order and the event's device module are SGLang's;
 - `model_executor/model_runner.py`: `ModelRunner._extend_forward_kwargs`, `_pp_kwargs`;
-- `model_executor/runner/prefill_cuda_graph_runner.py`: `PrefillCudaGraphRunner.can_run_graph` (through it
+- `model_executor/runner/prefill_cuda_graph_runner.py`: on 0.5.23 `PrefillCudaGraphRunner.__init__` and its start-up
+  `capture` (`graph_runner.py`); `PrefillCudaGraphRunner.can_run_graph` (through it
   `can_replay_locally`) and `execute`, and through it `load_batch` (the bucket by `_pad_to_bucket`, the
   static-buffer registry of `cuda_graph_buffer_registry.build_prefill_registry` and its `fill_from` with
   SGLang's padding, the static batch, the breakable static buffers), `_prepare_forward_metadata_for_replay`,
@@ -66,13 +67,14 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
 - the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
   `replay` runs the layers over SGLang's static batch; on the other path the harness's, with captured KV stores
   that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
-  segments of `real_graph.py`; its `capture_one` keeps what a graph holds, where SGLang's `capture_one_shape`
-  captures (the real path). A bucket is captured when SGLang's replay first asks for it, where SGLang captures
-  every bucket at start-up; the runner's `__init__` is not run (it captures every bucket through the model),
-  the runner is built with the fields it sets, its `BaseRunner.__init__` run;
+  segments of `real_graph.py`; its `capture_one` keeps what a graph holds. On the real path the runner is built
+  by SGLang's `__init__` and captures at start-up the buckets the case pads to, with the CUDA-graph machinery
+  stood in (`graph_runner.py` lists each piece); on the other path (every batch of a PR-era release) the runner
+  is built with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks for it;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
-  DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True); no test compares
+  on the PR-era releases DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True; on
+  0.5.23 the runner's `__init__` takes the real one); no test compares
   these three with the real functions, which read a server's published MoE, DP, TP and exec
   configuration that the harness does not publish;
 - on the other path, the KV stores and the indexer (model parts); on both, the scheduler's request intake,
@@ -104,21 +106,18 @@ from harness.model.attention import sparse_attention_on
 from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
-from harness.model.runners import pad_forward_batch
 from harness.observe import default_buffers
-from harness.probe import (Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, PlanKind, Publish, Snapshot,
+from harness.probe import (Dispatch, Forward, LazyBuild, MetadataReuse, PlanKind, Publish, Snapshot,
                            SwaLocFallback)
 from harness.sglang_target import server
 from harness.sglang_target.eager import EagerPath
+from harness.sglang_target.graph_runner import SglangPrefillGraphRunner
 from harness.sglang_target.plans import Plans
 from harness.sglang_target.real_backend import RealDsv4, fixed_dims
-from harness.sglang_target.real_graph import RealGraphs, load_static_inputs
 from harness.sglang_target.platform import (CudaEventBridge, SimDeviceModule, SimStream, one_dp_rank,
                                             register_sim_device, sglang_config, swa_window)
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
 from harness.targets import Classes, ReferenceSession
-
-GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
 
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
 # What SGLang's metadata copy_ / refresh read: the fresh metadata, and through its raw_out_loc (a reference
@@ -227,11 +226,13 @@ class _Worker:
 
 
 class HarnessLayers:
-    """`model.layer_model`: the transformer body (SGLang's breakable graph runner replaces its `forward` by
-    the captured graph's replay). Its output is the attention of every layer, rows first."""
+    """`model.model`: the transformer body (SGLang's breakable graph runner resolves it as the module that owns
+    the decoder `layers`, and replaces its `forward` by the captured graph's replay). Its output is the attention
+    of every layer, rows first."""
 
     def __init__(self, model_runner: "SglangModelRunner"):
         self.mr = model_runner
+        self.layers = tuple(range(len(model_runner.case.dims.layer_ratios)))  # the harness's layers, by index
 
     def forward(self, input_ids, positions, forward_batch, *args, **kwargs) -> torch.Tensor:
         mr = self.mr
@@ -256,10 +257,10 @@ class HarnessModel:
 
     def __init__(self, model_runner: "SglangModelRunner"):
         self.mr = model_runner
-        self.layer_model = HarnessLayers(model_runner)
+        self.model = HarnessLayers(model_runner)
 
     def forward(self, input_ids, positions, forward_batch, **kwargs):
-        return self.logits_output(self.layer_model.forward(input_ids, positions, forward_batch))
+        return self.logits_output(self.model.forward(input_ids, positions, forward_batch))
 
     def logits_output(self, hidden_states: torch.Tensor):
         return self.mr.api.mods["logits"].LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden_states)
@@ -444,8 +445,15 @@ class SglangModelRunner:
         self.device_module = torch.get_device_module(self.device)
         self.device_timer = None
         self.support_pp, self.is_generation, self.is_draft_worker = False, True, False
-        self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True)  # one pipeline stage
+        # one pipeline stage, starting at the first layer
+        self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True, world_size=1, rank_in_group=0)
+        self.layer_info = SimpleNamespace(start_layer=0)
         self.graph_shared_output = None  # no logits buffer shared with the graphs: the harness has no logits
+        # What the prefill graph runner's `__init__` reads of its model runner besides: no LoRA, no layer lists
+        # for MoE or MHA companions (the harness's layers own none), the model's dtype, the published server.
+        self.lora_manager, self.gpu_id, self.dtype = None, 0, torch.bfloat16
+        self.attention_layers, self.mha_companion_layers, self.moe_layers, self.moe_fusions = [], [], [], []
+        self.server_args = server.server_args()
         # One decode-context-parallel rank, as the PR-era eager runner asks it (0.5.21's name, then 0.5.19's).
         self.attn_dcp_size = 1
         self.ps = SimpleNamespace(attn_dcp_size=1)
@@ -454,6 +462,10 @@ class SglangModelRunner:
         real = api.mods["model_runner"].ModelRunner
         for method in ("_pp_kwargs", "_extend_forward_kwargs", "prepare_dummy_forward_batch"):
             setattr(self, method, MethodType(getattr(real, method), self))
+        # what 0.5.23's prefill graph runner `__init__` asks of the pipeline (the PR-era releases have none of them)
+        for method in ("get_pp_proxy_topk_size", "get_pp_proxy_residual_num_blocks", "get_pp_proxy_dspark_hidden_size"):
+            if hasattr(real, method):
+                setattr(self, method, MethodType(getattr(real, method), self))
         self.eager = self._real_backend()  # the real backend's path for eager EXTEND batches, where it runs
         # The KV pool SGLang's code sees: SGLang's own where the backend runs for real, else the harness's.
         self.token_to_kv_pool = self.eager.real.pool if self.eager is not None else session.token_to_kv_pool
@@ -484,6 +496,17 @@ class SglangModelRunner:
         return False
 
     # -- the device the real code sees ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def building_graph_runner(self) -> Iterator[None]:
+        """While SGLang's `PrefillCudaGraphRunner.__init__` runs, the model runner's `device` is the tensors' device:
+        the runner allocates its buffers under `torch.device(self.device)`, which the simulator's device string
+        (events and streams only) cannot hold. Its device module is set back to the simulator's afterwards."""
+        saved, self.device = self.device, str(self.harness_device.torch_device)
+        try:
+            yield
+        finally:
+            self.device = saved
 
     def device_binding(self):
         session = self.session
@@ -878,250 +901,6 @@ class SglangModelRunner:
                 reads["full_to_hisparse"] = None
         self.harness_device.launch(f"layer{layer}.attention.sparse", attend, reads=reads,
                            writes={"out": None, "cache.compressed": None})
-
-
-class CapturedGraphs:
-    """What a prefill graph runner captures for a bucket, emulated as in the reference: the bucket's static
-    metadata (built from the first batch that uses it), its static inputs, and per layer a captured KV
-    store that keeps the capture's tensors. SGLang captures every bucket at start-up with dummy batches;
-    the harness captures a bucket when SGLang's replay first asks for it (there is no model to capture)."""
-
-    def __init__(self, model_runner: SglangModelRunner):
-        self.mr = model_runner
-        self.metadata: dict[int, Any] = {}
-        self.inputs: dict[int, ForwardBatch] = {}
-        self.layers: dict[int, list] = {}
-
-    def ensure(self, bucket: int, padded: ForwardBatch) -> None:
-        if bucket in self.metadata:
-            return
-        mr = self.mr
-        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
-        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
-        static = mr._fresh_metadata(dataclasses.replace(padded, out_cache_loc=padded.out_cache_loc.clone()))
-        self.metadata[bucket] = static
-        self.inputs[bucket] = static_fb = dataclasses.replace(
-            padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
-        graphs = []
-        for layer in range(len(mr.case.dims.layer_ratios)):
-            with mr.harness_device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
-                mr.harness.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
-            graphs.append(graph)
-        self.layers[bucket] = graphs
-
-    def load_inputs(self, bucket: int, padded: ForwardBatch) -> None:
-        load_static_inputs(self.mr.harness_device, self.inputs[bucket], padded)
-
-    def replay_store(self, bucket: int):
-        return lambda layer: self.mr.harness_device.replay(self.layers[bucket][layer])
-
-
-class _CapturedMetadata(dict):
-    """`PrefillCudaGraphRunner.attn_metadata_buffers` (ShapeKey -> the bucket's captured metadata): a bucket
-    SGLang asks for that the harness has not captured yet is captured then."""
-
-    def __init__(self, graphs: CapturedGraphs):
-        super().__init__()
-        self.graphs = graphs
-
-    def __missing__(self, shape_key):
-        # keyed by ShapeKey (0.5.23) or by the bucket's token count (PR-era); captured by the replay's prep
-        self[shape_key] = self.graphs.metadata[getattr(shape_key, "size", shape_key)]
-        return self[shape_key]
-
-
-def _harness_graph_backend(base: type) -> type:
-    """SGLang's graph backend class `base` (tc_piecewise or breakable) with its `replay` the harness's: the
-    captured graphs are the harness's layers (there is no model to capture). Everything else of the
-    backend, `replay_session` included, is SGLang's."""
-
-    def replay(self, shape_key, static_forward_batch, **kwargs):
-        return self.harness_graphs.replay(shape_key, static_forward_batch, whole_model=not self.body_only)
-
-    def capture_one(self, shape_key, run_once, **kwargs):
-        """SGLang's capture of a bucket (`capture_one_shape`, real-backend buckets only) ends here: there is no
-        model for `run_once` to warm up and record; what the graph would hold is kept (`real_graph`)."""
-        self.harness_graphs.real.captured(shape_key)
-
-    return type(f"Harness{base.__name__}", (base,), {"replay": replay, "capture_one": capture_one,
-                                                      "__doc__": _harness_graph_backend.__doc__})
-
-
-class SglangPrefillGraphRunner:
-    """SGLang's `PrefillCudaGraphRunner.execute` on a runner object built as its `__init__` builds one for
-    DSV4 prefill (no LoRA, CP, multimodal input, draft model, chunked-prefix capture or fixed context):
-    `load_batch` (the bucket, the static-buffer registry's padding, the static batch, the breakable
-    static buffers, `_prepare_forward_metadata_for_replay`), the publish, `_execute_tc_piecewise` or
-    `_execute_body_capture`, and the trim of the output to the live rows are SGLang's. Replaced: the
-    graph backend's `replay` (the harness's layers over the static batch, with the captured KV stores of
-    `CapturedGraphs`), and the capture itself. The contract names the graph backend: `fresh` the
-    tc_piecewise one (metadata planned for every replay), `bcg` the breakable one with DSV4's captured
-    metadata. Every release's runner is driven the same way: the PR-era ones key a bucket by its token count
-    where 0.5.23 has a ShapeKey, and name a few switches differently."""
-
-    def __init__(self, model_runner: SglangModelRunner, *, contract: str):
-        api = model_runner.api
-        self.mr, self.api, self.contract = model_runner, api, contract
-        self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
-        self.graphs = CapturedGraphs(model_runner)
-        self.runner = self._real_runner()
-        # The buckets a batch of the real path replays (`SglangModelRunner.replays_real`): SGLang captures them.
-        self.real = RealGraphs(self.runner, model_runner) if model_runner.eager is not None else None
-
-    def _real_runner(self):
-        mods, mr = self.api.mods, self.mr
-        graph_runner = mods["graph_runner"]
-        runner = object.__new__(graph_runner.PrefillCudaGraphRunner)
-        breakable = self.contract == "bcg"
-        backend_cls = _harness_graph_backend(mods["breakable_backend"].BreakableCudaGraphBackend if breakable
-                                             else mods["tc_backend"].TcPiecewiseCudaGraphBackend)
-        backend = object.__new__(backend_cls)
-        backend.harness_graphs, backend.body_only = self, breakable
-        tdev = self.mr.harness_device.torch_device
-        max_bs = self.mr.session.sizes.max_reqs
-        runner.__dict__.update(self._capture_fields(runner) if mr.eager is not None else
-                               dict(model_runner=mr, device=mr.device))
-        runner.__dict__.update(
-            device_module=mr.device_module, backend=backend,
-            prefill_backend_name=mods["graph_config"].Backend.BREAKABLE if breakable
-            else mods["graph_config"].Backend.TC_PIECEWISE,
-            capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
-            max_bs=max_bs, max_context_size=self._max_context_size(breakable), max_seq_len=None,
-            enable_cp_bcg_capture=False,
-            enable_cp_v2_bcg_capture=False,  # 0.5.19's name of enable_cp_bcg_capture
-            prefill_cp_bcg_input=None, enable_lora=False, _capture_lora=False, is_multimodal=False,
-            is_dsv41_model=False, _use_draft_input_embeds=False, static_draft_hidden_states=None,
-            capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL, capture_return_pooled_hidden_states=False,
-            _is_full_backend=False, _capture_req_slots=1, has_mha_companion_layers=False, _qwen_bcg_hc_sidechannel=False,
-            _qwen_bcg_mtp_draft=False, prefer_eager_mixed_prefill=False,
-            # replaced: DSV4's `can_run_prefill_cuda_graph` reads the server's graph configuration (its
-            # context limit, unset by default) and the bounded-SWA replay switch (off): True for every batch
-            _backend_can_run_prefill_cuda_graph=None,
-            _capture_chunked_prefix=False, attention_layers=[], mha_companion_layers=[], moe_layers=[],
-            moe_fusions=[], dsa_indexers=None, quant_config=None, raw_num_tokens=0, raw_bs=0,
-            layer_model=mr.model.layer_model if breakable else None,
-            _input_embeds_arg_idx=None,  # the PR era's: the layer model's forward takes no input_embeds
-            _prefill_static_buffers={name: torch.zeros((max_bs,), dtype=torch.int64, device=tdev)
-                                     for name in graph_runner._PREFILL_STATIC_FIELDS} if breakable else None)
-        runner.max_num_tokens = max(runner.capture_num_tokens)
-        runner.use_captured_attn_metadata = (
-            breakable and mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph)
-        runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
-        if hasattr(mr.attn_backend, "prefill_cuda_graph_max_batch_size"):  # 0.5.23's bound; the PR era has none
-            runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
-                                                     if runner.use_captured_attn_metadata else None)
-        with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
-            runner.buffer_registry = mods["buffer_registry"].build_prefill_registry(
-                device=tdev, max_bs=max_bs, max_num_token=runner.max_num_tokens, cache_loc_dtype=torch.int64)
-        self._order_registry_fill(runner.buffer_registry)
-        real_prepare = runner._prepare_forward_metadata_for_replay
-        runner._prepare_forward_metadata_for_replay = (
-            lambda forward_batch, static_forward_batch, shape_key:
-            self._prepare_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
-        return runner
-
-    def _max_context_size(self, breakable: bool) -> Optional[int]:
-        """`--cuda-graph-prefill-max-context` (`prefill_config.max_context_size`): unset, but where SGLang captures
-        the breakable graph itself (`real_graph`), the request table's width. SGLang sizes that table at the
-        model's context length, and its capture splits a bucket into requests of at most that length; the
-        harness's table is only as wide as the case's longest request, so the bucket's capture requests are cut
-        to it (DSV4's backend supports the fixed context). No drawn batch is longer: it changes no replay."""
-        if breakable and self.mr.eager is not None:
-            return self.mr.session.sizes.max_context
-        return None
-
-    def _capture_fields(self, runner) -> dict:
-        """What SGLang's capture reads of its runner where it captures for real (`real_graph`): SGLang's
-        `BaseRunner.__init__` run on it (the DP ranks, the pipeline, the TBO plugin, the hidden-states mode), the
-        gathers as `PrefillCudaGraphRunner.__init__` asks them, and the tensors' device (SGLang's runner holds
-        "cuda"; the simulator's device module stays the model runner's)."""
-        mods, mr = self.api.mods, self.mr
-        with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
-            mods["base_runner"].BaseRunner.__init__(runner, mr)
-            graph_runner = mods["graph_runner"]
-            return dict(device=mr.harness_device.torch_device, require_mlp_tp_gather=graph_runner.require_mlp_tp_gather(),
-                        require_attn_tp_gather=graph_runner.require_attn_tp_gather(),
-                        dllm_attention=getattr(mr.attn_backend, "dllm_attention", None), _prefix_capture_variants=())
-
-    def _order_registry_fill(self, registry) -> None:
-        """The registry's `fill_from` (SGLang's copy of a batch into the static buffers, padding reset) runs
-        as host work on the current stream, after the replays already queued there, as on CUDA."""
-        real_fill, dev = registry.fill_from, self.mr.harness_device
-
-        def fill_from(forward_batch, **kwargs):
-            with dev.host_work("PrefillCudaGraphRunner.load_batch.fill_from",
-                               reads={"fb.input_ids": None, "fb.positions": None, "fb.out_cache_loc": None},
-                               writes={"graph.static_inputs": None}):
-                return real_fill(forward_batch, **kwargs)
-
-        registry.fill_from = fill_from
-
-    def _prepare_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
-        if self.mr.real_batch:
-            return self._prepare_real_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
-        return self._prepare_harness_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
-
-    def _padded(self, static_forward_batch, bucket: int) -> ForwardBatch:
-        """The live harness batch with the model's activations padded as SGLang pads them, and positions,
-        out_cache_loc and input_ids the registry's static buffers that `load_batch` filled."""
-        return dataclasses.replace(pad_forward_batch(self.mr.live_batch, bucket),
-                                   positions=static_forward_batch.positions,
-                                   out_cache_loc=static_forward_batch.out_cache_loc,
-                                   input_ids=static_forward_batch.input_ids)
-
-    def _prepare_real_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
-        """A bucket of the real path: captured by SGLang on first use (`real_graph.RealGraphs`), its static
-        inputs loaded, then SGLang's own replay prep (the backend's refresh and its resolver)."""
-        mr, bucket = self.mr, shape_key.size
-        padded = self._padded(static_forward_batch, bucket)
-        self.real.ensure(bucket, padded)
-        self.real.load_inputs(bucket, padded)
-        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
-        mr.replay_batch = padded
-        return real_prepare(forward_batch, static_forward_batch, shape_key)
-
-    def _prepare_harness_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
-        """Entered from SGLang's `load_batch` once the static batch exists: the harness's side of the bucket
-        (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
-        real `_prepare_forward_metadata_for_replay`. The padded batch is the live harness batch with the
-        model's activations padded as SGLang pads them, and positions, out_cache_loc and input_ids the
-        registry's static buffers that `load_batch` filled. `shape_key`: the bucket's ShapeKey (0.5.23) or its
-        token count (the PR-era releases)."""
-        mr, bucket = self.mr, getattr(shape_key, "size", shape_key)
-        padded = self._padded(static_forward_batch, bucket)
-        self.graphs.ensure(bucket, padded)
-        self.graphs.load_inputs(bucket, padded)
-        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
-        mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
-        return real_prepare(forward_batch, static_forward_batch, shape_key)
-
-    def replay(self, shape_key, static_forward_batch, *, whole_model: bool):
-        """The captured graph of `shape_key`, replayed: the harness's layers over the padded batch and the
-        static batch, rows first as SGLang's outputs are; the whole model's output for tc_piecewise (it
-        captures the logits too), the body's hidden states for the breakable backend."""
-        mr = self.mr
-        mr.bridge_delay()
-        if mr.real_batch:  # the breakable graph's body: captured segments and SGLang's forward
-            out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[shape_key.size])
-            return out.transpose(0, 1)
-        out = mr.run_model(mr.replay_batch, static_forward_batch,
-                           store_compressed=self.graphs.replay_store(shape_key.size)).transpose(0, 1)
-        return mr.model.logits_output(out) if whole_model else out
-
-    def can_run_graph(self, live) -> bool:
-        """SGLang's `can_run_graph` (and through it `can_replay_locally`: the token ceiling, the padding
-        factor, target-verify and hidden-mode refusals)."""
-        return self.runner.can_run_graph(live)
-
-    def execute(self, live) -> torch.Tensor:
-        """`live`: the real ForwardBatch the forward context holds."""
-        mr = self.mr
-        try:
-            with self.real.replaying() if mr.real_batch else contextlib.nullcontext():
-                output = self.runner.execute(live)
-        finally:
-            mr.replay_batch, mr.replay_static = None, None
-        return output.hidden_states.transpose(0, 1)
 
 
 __all__ = ["SglangSession", "SglangModelRunner"]

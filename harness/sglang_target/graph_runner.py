@@ -1,0 +1,378 @@
+"""The prefill graph runner of `--target sglang`: SGLang's `PrefillCudaGraphRunner`, and what the harness keeps of
+the graphs it captures.
+
+Where the release's backend runs for real (0.5.23, `Generation.real_backend`), the runner is SGLang's, built by its
+own `__init__` as a server builds it at start-up: the phase's configuration from the published server (the
+breakable backend, `cuda_graph_config.prefill.bs`), its bounds and static buffers, the static-buffer registry,
+the graph backend resolved by `resolve_prefill_backend`, the captured-metadata switch and the layer model; then
+its start-up capture (`capture` -> `_capture` -> `_capture_one_stream` -> `capture_one_shape` for every bucket,
+largest first: the dummy batch, the backend's capture init, the graph backend's `capture_one`). Stood in there,
+each the CUDA-graph machinery of a server process that one process without a model cannot have:
+
+- the graph backend's `capture_one` (no model to warm up and record: what the graph would hold is kept,
+  `real_graph.RealGraphs`), its `replay` (the harness's layers, or SGLang's forward between captured segments)
+  and its `capture_session` (the global graph memory pool and the deduplicating graph registry; the breakable
+  capture mode, its `replay_session`, is SGLang's);
+- `graph_capture` (the TP and PP groups' communicators put in capture mode) and the global capture stream (none:
+  nothing is recorded);
+- the server's TP group (`get_parallel().tp_group`, built over torch.distributed by a server): rank 0 of it, whose
+  barriers wait for nobody (`RankZeroGroup`);
+- the capture list (`cuda_graph_config.prefill.bs`): the buckets the case's graph batches pad to in SGLang's list
+  (`generate_prefill_cuda_graph_batch_sizes`), where a server captures the whole list. A batch pads to the same
+  bucket (the smallest captured bucket at or above its tokens is the same in both lists) and the runner's
+  ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
+  server's largest buckets. A case that replays nothing captures the smallest bucket.
+
+On the other releases (and for the batches that run the harness's layers) the runner object is built with the
+fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's replay first asks for it
+(`CapturedGraphs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import torch
+
+from harness.model.pools import ForwardBatch
+from harness.model.runners import pad_forward_batch
+from harness.probe import GraphReplay
+from harness.sglang_target.platform import one_dp_rank
+from harness.sglang_target.real_graph import RealGraphs, load_static_inputs
+
+GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class RankZeroGroup:
+    """`get_parallel().tp_group` as rank 0 of the configured TP width sees it (SGLang checks the group's width
+    against `tp_size`); the other ranks are not modelled, so the capture's barriers wait for nobody."""
+
+    world_size: int
+    rank_in_group: int = 0
+
+    def barrier(self) -> None:
+        return None
+
+
+def _silent_tqdm(module) -> SimpleNamespace:
+    """The runner module's `tqdm` with its progress bars disabled: a server's start-up prints one per capture, a
+    campaign would print one per session."""
+    return SimpleNamespace(tqdm=functools.partial(module.tqdm, disable=True))
+
+
+def _no_capture_stream() -> None:
+    """`get_or_create_global_graph_capture_stream`: the stream a CUDA graph records on; the harness's `capture_one`
+    records nothing."""
+    return None
+
+
+@contextlib.contextmanager
+def _graph_capture(stream=None) -> Iterator[SimpleNamespace]:
+    """`parallel_state.graph_capture` with no group communicators: the context SGLang's capture reads (its stream)."""
+    yield SimpleNamespace(stream=stream)
+
+
+class CapturedGraphs:
+    """What a prefill graph runner captures for a bucket, emulated as in the reference: the bucket's static
+    metadata (built from the first batch that uses it), its static inputs, and per layer a captured KV
+    store that keeps the capture's tensors. SGLang captures every bucket at start-up with dummy batches;
+    the harness captures a bucket when SGLang's replay first asks for it (there is no model to capture)."""
+
+    def __init__(self, model_runner):
+        self.mr = model_runner
+        self.metadata: dict[int, Any] = {}
+        self.inputs: dict[int, ForwardBatch] = {}
+        self.layers: dict[int, list] = {}
+
+    def ensure(self, bucket: int, padded: ForwardBatch) -> None:
+        if bucket in self.metadata:
+            return
+        mr = self.mr
+        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
+        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
+        static = mr._fresh_metadata(dataclasses.replace(padded, out_cache_loc=padded.out_cache_loc.clone()))
+        self.metadata[bucket] = static
+        self.inputs[bucket] = static_fb = dataclasses.replace(
+            padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
+        graphs = []
+        for layer in range(len(mr.case.dims.layer_ratios)):
+            with mr.harness_device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
+                mr.harness.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
+            graphs.append(graph)
+        self.layers[bucket] = graphs
+
+    def load_inputs(self, bucket: int, padded: ForwardBatch) -> None:
+        load_static_inputs(self.mr.harness_device, self.inputs[bucket], padded)
+
+    def replay_store(self, bucket: int):
+        return lambda layer: self.mr.harness_device.replay(self.layers[bucket][layer])
+
+
+class _CapturedMetadata(dict):
+    """`PrefillCudaGraphRunner.attn_metadata_buffers` (ShapeKey -> the bucket's captured metadata): a bucket
+    SGLang asks for that the harness has not captured yet is captured then."""
+
+    def __init__(self, graphs: CapturedGraphs):
+        super().__init__()
+        self.graphs = graphs
+
+    def __missing__(self, shape_key):
+        # keyed by ShapeKey (0.5.23) or by the bucket's token count (PR-era); captured by the replay's prep
+        self[shape_key] = self.graphs.metadata[getattr(shape_key, "size", shape_key)]
+        return self[shape_key]
+
+
+def _harness_graph_backend(base: type) -> type:
+    """SGLang's graph backend class `base` (tc_piecewise or breakable) with its `replay` the harness's: the
+    captured graphs are the harness's layers (there is no model to capture). Everything else of the
+    backend, `replay_session` included, is SGLang's."""
+
+    def replay(self, shape_key, static_forward_batch, **kwargs):
+        return self.harness_graphs.replay(shape_key, static_forward_batch, whole_model=not self.body_only)
+
+    def capture_one(self, shape_key, run_once, **kwargs):
+        """SGLang's capture of a bucket (`capture_one_shape`, real-backend buckets only) ends here: there is no
+        model for `run_once` to warm up and record; what the graph would hold is kept (`real_graph`)."""
+        self.harness_graphs.real.captured(shape_key)
+
+    @contextlib.contextmanager
+    def capture_session(self, stream):
+        self._capture_stream = stream
+        try:
+            with self.replay_session():
+                yield
+        finally:
+            self._capture_stream = None
+
+    return type(f"Harness{base.__name__}", (base,), {"replay": replay, "capture_one": capture_one, "capture_session": capture_session,
+                                                      "__doc__": _harness_graph_backend.__doc__})
+
+
+class SglangPrefillGraphRunner:
+    """SGLang's `PrefillCudaGraphRunner`, driven per batch through its `can_run_graph` and `execute`: `load_batch`
+    (the bucket, the static-buffer registry's padding, the static batch, the breakable static buffers,
+    `_prepare_forward_metadata_for_replay`), the publish, `_execute_tc_piecewise` or `_execute_body_capture`, and
+    the trim of the output to the live rows are SGLang's. The runner is built by SGLang's `__init__` where the
+    backend runs for real (`sglang_built_runner`, see the module's docstring), else with the fields its `__init__`
+    sets (`object_built_runner`: no LoRA, CP, multimodal input, draft model, chunked-prefix capture or fixed
+    context). The contract names the graph backend: `fresh` the tc_piecewise one (metadata planned for every
+    replay), `bcg` the breakable one with DSV4's captured metadata. The PR-era releases key a bucket by its token
+    count where 0.5.23 has a ShapeKey, and name a few switches differently."""
+
+    def __init__(self, model_runner, *, contract: str):
+        api = model_runner.api
+        self.mr, self.api, self.contract = model_runner, api, contract
+        self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
+        self.graphs = CapturedGraphs(model_runner)
+        if model_runner.eager is None:
+            self.real = None
+            self.runner = self.object_built_runner()
+        else:
+            # The buckets a batch of the real path replays (`SglangModelRunner.replays_real`): SGLang captures them.
+            self.runner = self.sglang_built_runner()
+        self._order_registry_fill(self.runner.buffer_registry)
+        real_prepare = self.runner._prepare_forward_metadata_for_replay
+        self.runner._prepare_forward_metadata_for_replay = (
+            lambda forward_batch, static_forward_batch, shape_key:
+            self._prepare_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
+
+    # -- SGLang's __init__ and start-up capture ----------------------------------------------------------------
+
+    def case_buckets(self) -> list[int]:
+        """The buckets of SGLang's capture list that the case's graph batches pad to (the smallest when none)."""
+        pad = self.api.mods["base_graph_runner"].BaseCudaGraphRunner._pad_to_bucket
+        top = max(self.capture_bs)
+        buckets = {pad(batch.num_tokens, self.capture_bs) for batch in self.mr.case.batches
+                   if batch.graph and batch.num_tokens <= top}
+        return sorted(buckets) or [min(self.capture_bs)]
+
+    def sglang_built_runner(self):
+        """`PrefillCudaGraphRunner(model_runner)`, as a server builds it, with the stand-ins of the module's
+        docstring; the captured metadata of every bucket kept for the real path (`RealGraphs`)."""
+        mods, mr = self.api.mods, self.mr
+        graph_runner = mods["graph_runner"]
+        runner = object.__new__(graph_runner.PrefillCudaGraphRunner)
+        self.real = RealGraphs(runner, mr)
+        observer = mr.harness_device.observer
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(observer.suspended() if observer is not None else contextlib.nullcontext())
+            stack.enter_context(mr.eager.sglang(start_up=True))
+            stack.enter_context(self._start_up_patches(graph_runner))
+            stack.enter_context(mr.building_graph_runner())
+            graph_runner.PrefillCudaGraphRunner.__init__(runner, mr)
+        # The device module the runner and its graph backend synchronize on: the model runner's (the simulator's
+        # on the CPU); `__init__` ran with the tensors' device, from which it took torch's module for it.
+        runner.device_module = runner.backend._device_module = mr.device_module
+        self.real.metadata_buffers = runner.attn_metadata_buffers  # SGLang's captured metadata, by ShapeKey
+        runner.attn_metadata_buffers = _CapturedMetadata(self.graphs)  # the harness path's buckets
+        return runner
+
+    @contextlib.contextmanager
+    def _start_up_patches(self, graph_runner) -> Iterator[None]:
+        """The start-up capture's stand-ins (the module's docstring): the graph backend resolved by SGLang and then
+        given the harness's capture and replay, the capture context and stream, the rank-0 TP group, the
+        captured buckets, and no progress bar."""
+        mods = self.api.mods
+        graph_config, runtime = mods["graph_config"], mods["runtime"]
+        resolve = graph_runner.resolve_prefill_backend
+
+        def resolve_prefill_backend(runner):
+            backend = resolve(runner)
+            backend.__class__ = _harness_graph_backend(type(backend))
+            backend.harness_graphs, backend.body_only = self, True
+            return backend
+
+        exec_config = runtime.get_exec()
+        phases = graph_config.with_phase(exec_config.graph.cuda_graph_config, "prefill",
+                                         backend=graph_config.Backend.BREAKABLE, bs=self.case_buckets(),
+                                         max_context_size=self.mr.session.sizes.max_context)
+        with mock.patch.object(graph_runner, "resolve_prefill_backend", resolve_prefill_backend), \
+                mock.patch.object(graph_runner, "graph_capture", _graph_capture), \
+                mock.patch.object(graph_runner, "get_or_create_global_graph_capture_stream", _no_capture_stream), \
+                mock.patch.object(graph_runner, "tqdm", _silent_tqdm(graph_runner.tqdm)), \
+                exec_config.graph.override(cuda_graph_config=phases), \
+                runtime.get_parallel().override(tp_group=RankZeroGroup(runtime.get_parallel().tp_size), tp_rank=0,
+                                                **one_dp_rank(self.api)):
+            yield
+
+    # -- the runner built with the fields its __init__ sets ---------------------------------------------------
+
+    def object_built_runner(self):
+        """The release's `PrefillCudaGraphRunner` object with the fields its `__init__` sets for DSV4 prefill, its
+        graph backend the harness's subclass of SGLang's (`_harness_graph_backend`, built without its `__init__`)."""
+        mods, mr = self.api.mods, self.mr
+        graph_runner = mods["graph_runner"]
+        runner = object.__new__(graph_runner.PrefillCudaGraphRunner)
+        breakable = self.contract == "bcg"
+        backend_cls = _harness_graph_backend(mods["breakable_backend"].BreakableCudaGraphBackend if breakable
+                                             else mods["tc_backend"].TcPiecewiseCudaGraphBackend)
+        backend = object.__new__(backend_cls)
+        backend.harness_graphs, backend.body_only = self, breakable
+        tdev = self.mr.harness_device.torch_device
+        max_bs = self.mr.session.sizes.max_reqs
+        runner.__dict__.update(
+            model_runner=mr, device=mr.device, device_module=mr.device_module, backend=backend,
+            prefill_backend_name=mods["graph_config"].Backend.BREAKABLE if breakable
+            else mods["graph_config"].Backend.TC_PIECEWISE,
+            capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
+            max_bs=max_bs, max_context_size=None, max_seq_len=None,
+            enable_cp_bcg_capture=False,
+            enable_cp_v2_bcg_capture=False,  # 0.5.19's name of enable_cp_bcg_capture
+            prefill_cp_bcg_input=None, enable_lora=False, _capture_lora=False, is_multimodal=False,
+            is_dsv41_model=False, _use_draft_input_embeds=False, static_draft_hidden_states=None,
+            capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL, capture_return_pooled_hidden_states=False,
+            _is_full_backend=False, _capture_req_slots=1, has_mha_companion_layers=False, _qwen_bcg_hc_sidechannel=False,
+            _qwen_bcg_mtp_draft=False, prefer_eager_mixed_prefill=False,
+            # replaced: DSV4's `can_run_prefill_cuda_graph` reads the server's graph configuration (its
+            # context limit, unset by default) and the bounded-SWA replay switch (off): True for every batch
+            _backend_can_run_prefill_cuda_graph=None,
+            _capture_chunked_prefix=False, attention_layers=[], mha_companion_layers=[], moe_layers=[],
+            moe_fusions=[], dsa_indexers=None, quant_config=None, raw_num_tokens=0, raw_bs=0,
+            layer_model=mr.model.model if breakable else None,
+            _input_embeds_arg_idx=None,  # the PR era's: the layer model's forward takes no input_embeds
+            _prefill_static_buffers={name: torch.zeros((max_bs,), dtype=torch.int64, device=tdev)
+                                     for name in graph_runner._PREFILL_STATIC_FIELDS} if breakable else None)
+        runner.max_num_tokens = max(runner.capture_num_tokens)
+        runner.use_captured_attn_metadata = (
+            breakable and mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph)
+        runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
+        if hasattr(mr.attn_backend, "prefill_cuda_graph_max_batch_size"):  # 0.5.23's bound; the PR era has none
+            runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
+                                                     if runner.use_captured_attn_metadata else None)
+        with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
+            runner.buffer_registry = mods["buffer_registry"].build_prefill_registry(
+                device=tdev, max_bs=max_bs, max_num_token=runner.max_num_tokens, cache_loc_dtype=torch.int64)
+        return runner
+
+    # -- per batch ------------------------------------------------------------------------------------------
+
+    def _order_registry_fill(self, registry) -> None:
+        """The registry's `fill_from` (SGLang's copy of a batch into the static buffers, padding reset) runs
+        as host work on the current stream, after the replays already queued there, as on CUDA."""
+        real_fill, dev = registry.fill_from, self.mr.harness_device
+
+        def fill_from(forward_batch, **kwargs):
+            with dev.host_work("PrefillCudaGraphRunner.load_batch.fill_from",
+                               reads={"fb.input_ids": None, "fb.positions": None, "fb.out_cache_loc": None},
+                               writes={"graph.static_inputs": None}):
+                return real_fill(forward_batch, **kwargs)
+
+        registry.fill_from = fill_from
+
+    def _prepare_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
+        if self.mr.real_batch:
+            return self._prepare_real_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
+        return self._prepare_harness_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
+
+    def _padded(self, static_forward_batch, bucket: int) -> ForwardBatch:
+        """The live harness batch with the model's activations padded as SGLang pads them, and positions,
+        out_cache_loc and input_ids the registry's static buffers that `load_batch` filled."""
+        return dataclasses.replace(pad_forward_batch(self.mr.live_batch, bucket),
+                                   positions=static_forward_batch.positions,
+                                   out_cache_loc=static_forward_batch.out_cache_loc,
+                                   input_ids=static_forward_batch.input_ids)
+
+    def _prepare_real_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
+        """A bucket of the real path: captured by SGLang on first use (`real_graph.RealGraphs`), its static
+        inputs loaded, then SGLang's own replay prep (the backend's refresh and its resolver)."""
+        mr, bucket = self.mr, shape_key.size
+        padded = self._padded(static_forward_batch, bucket)
+        self.real.ensure(bucket, padded)
+        self.real.load_inputs(bucket, padded)
+        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
+        mr.replay_batch = padded
+        return real_prepare(forward_batch, static_forward_batch, shape_key)
+
+    def _prepare_harness_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
+        """Entered from SGLang's `load_batch` once the static batch exists: the harness's side of the bucket
+        (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
+        real `_prepare_forward_metadata_for_replay`. The padded batch is the live harness batch with the
+        model's activations padded as SGLang pads them, and positions, out_cache_loc and input_ids the
+        registry's static buffers that `load_batch` filled. `shape_key`: the bucket's ShapeKey (0.5.23) or its
+        token count (the PR-era releases)."""
+        mr, bucket = self.mr, getattr(shape_key, "size", shape_key)
+        padded = self._padded(static_forward_batch, bucket)
+        self.graphs.ensure(bucket, padded)
+        self.graphs.load_inputs(bucket, padded)
+        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
+        mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
+        return real_prepare(forward_batch, static_forward_batch, shape_key)
+
+    def replay(self, shape_key, static_forward_batch, *, whole_model: bool):
+        """The captured graph of `shape_key`, replayed: the harness's layers over the padded batch and the
+        static batch, rows first as SGLang's outputs are; the whole model's output for tc_piecewise (it
+        captures the logits too), the body's hidden states for the breakable backend."""
+        mr = self.mr
+        mr.bridge_delay()
+        if mr.real_batch:  # the breakable graph's body: captured segments and SGLang's forward
+            out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[shape_key.size])
+            return out.transpose(0, 1)
+        out = mr.run_model(mr.replay_batch, static_forward_batch,
+                           store_compressed=self.graphs.replay_store(shape_key.size)).transpose(0, 1)
+        return mr.model.logits_output(out) if whole_model else out
+
+    def can_run_graph(self, live) -> bool:
+        """SGLang's `can_run_graph` (and through it `can_replay_locally`: the token ceiling, the padding
+        factor, target-verify and hidden-mode refusals)."""
+        return self.runner.can_run_graph(live)
+
+    def execute(self, live) -> torch.Tensor:
+        """`live`: the real ForwardBatch the forward context holds."""
+        mr = self.mr
+        try:
+            with self.real.replaying() if mr.real_batch else contextlib.nullcontext():
+                output = self.runner.execute(live)
+        finally:
+            mr.replay_batch, mr.replay_static = None, None
+        return output.hidden_states.transpose(0, 1)
+
+
+
+__all__ = ["GRAPH_MAX_BS", "RankZeroGroup", "SglangPrefillGraphRunner"]
