@@ -8,7 +8,7 @@ import functools
 import inspect
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.errors import InvalidArgument
 from harness.hb import HappensBefore, LaunchRecord, Region, covers, describe_region, union
 from harness.observe.frames import issuing_frame
+from harness.observe.regions import Registered, region, registered, span
 
 aten = torch.ops.aten
 
@@ -67,18 +68,6 @@ class _Seen(NamedTuple):
     exact: bool
 
 
-@dataclass(frozen=True)
-class _Registered:
-    name: str
-    storage: int  # the data pointer of the allocation it lives in
-    start: int
-    end: int
-    row_bytes: int
-    rows: int
-    shared: bool
-    tensor: torch.Tensor = field(compare=False, repr=False)  # kept alive: its memory is never reused under the name
-
-
 def default_buffers(session) -> dict[str, torch.Tensor]:
     """A session's shared state: the three tables and the KV pools (`kv_state()`), a 3-D pool per layer as
     `name[layer]`."""
@@ -103,8 +92,8 @@ class Observer:
         self.tracker = tracker
         self.stream_id = stream_id
         self.undeclared: list[UndeclaredAccess] = []
-        self._by_name: dict[str, _Registered] = {}
-        self._by_storage: dict[int, list[_Registered]] = {}  # a tensor can reach only its own storage
+        self._by_name: dict[str, Registered] = {}
+        self._by_storage: dict[int, list[Registered]] = {}  # a tensor can reach only its own storage
         self._record: Optional[LaunchRecord] = None
         self._capture: Optional[tuple[dict, dict, str, Mapping, Mapping]] = None
         self._suspended = 0
@@ -120,13 +109,10 @@ class Observer:
         self.forget(name)
         if tensor.numel() == 0:
             return
-        start, end = _span(tensor)
-        row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
-        storage = tensor.untyped_storage().data_ptr()
-        entry = _Registered(name, storage, start, end, max(row_bytes, 1), tensor.shape[0], shared, tensor)
-        entries = self._by_storage.setdefault(storage, [])
+        entry = registered(name, tensor, shared)
+        entries = self._by_storage.setdefault(entry.storage, [])
         for other in entries:
-            if other.start < end and start < other.end:
+            if other.start < entry.end and entry.start < other.end:
                 raise InvalidArgument(f"buffer {name!r} overlaps the registered buffer {other.name!r}: "
                                       "two names may not share memory")
         entries.append(entry)
@@ -266,7 +252,7 @@ class Observer:
         entries = self._by_storage.get(tensor.untyped_storage().data_ptr())
         if entries is None or tensor.numel() == 0:
             return
-        start, end = _span(tensor)
+        start, end = span(tensor)
         for entry in entries:
             if entry.start < end and start < entry.end:
                 indexed = rows() if rows else None
@@ -274,7 +260,7 @@ class Observer:
                     indexed, seen_exactly = None, False
                 else:
                     seen_exactly = exact
-                into.append(_Seen(entry.name, _region(entry, tensor, start, end, indexed), is_write, entry.shared,
+                into.append(_Seen(entry.name, region(entry, tensor, start, end, indexed), is_write, entry.shared,
                                   seen_exactly))
 
     def _feed(self, label: str, accesses: list[_Seen]) -> None:
@@ -317,8 +303,8 @@ def _declared(buffer: str, is_write: bool, reads: Mapping, writes: Mapping) -> t
     and the region it declared."""
     present = [d[buffer] for d in ((writes,) if is_write else (reads, writes)) if buffer in d]
     widest: Region = frozenset()
-    for region in present:
-        widest = union(widest, region)
+    for part in present:
+        widest = union(widest, part)
     return bool(present), widest
 
 
@@ -398,31 +384,6 @@ def _tensors(value) -> Iterator[torch.Tensor]:
         for item in value:
             if isinstance(item, torch.Tensor):
                 yield item
-
-
-def _span(tensor: torch.Tensor) -> tuple[int, int]:
-    """The bytes a strided tensor can touch, [first, last + 1) (torch strides are never negative)."""
-    size = tensor.element_size()
-    start = tensor.data_ptr()
-    last = sum((extent - 1) * stride for extent, stride in zip(tensor.shape, tensor.stride()) if extent > 1)
-    return start, start + (last + 1) * size
-
-
-def _region(entry: _Registered, tensor: torch.Tensor, start: int, end: int, rows: Optional[list[int]]) -> Region:
-    """Rows of `entry` that `tensor` touches: the indexed rows where known, else its span's rows."""
-    first = max(start, entry.start) - entry.start
-    last = min(end, entry.end) - 1 - entry.start
-    if rows is not None and tensor.dim() > 0:
-        stride = tensor.stride(0) * tensor.element_size()
-        offset = tensor.data_ptr() - entry.start
-        if stride % entry.row_bytes == 0 and offset % entry.row_bytes == 0 and 0 <= offset < entry.end - entry.start:
-            base, step = offset // entry.row_bytes, stride // entry.row_bytes
-            extent = tensor.shape[0]
-            return frozenset(base + step * (r % extent if r < 0 else r) for r in rows)
-    low, high = first // entry.row_bytes, last // entry.row_bytes + 1
-    if low == 0 and high >= entry.rows:
-        return None
-    return frozenset(range(low, high))
 
 
 def _indexed_rows(name: str, args):
