@@ -6,7 +6,6 @@ import ast
 import contextlib
 import functools
 import inspect
-import re
 import textwrap
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, NamedTuple, Optional
@@ -18,16 +17,10 @@ from harness.errors import InvalidArgument
 from harness.hb import HappensBefore, LaunchRecord, Region, covers, describe_region, union
 from harness.observe.frames import issuing_frame
 from harness.observe.regions import Registered, region, registered, span
+from harness.observe.schema import UNREADABLE, indexed_rows, plan, tensors
 
 aten = torch.ops.aten
 
-# CSAN's rule: a factory op (`empty_like`, `new_zeros`) reads only the metadata of its tensor argument.
-_FACTORY = re.compile("(new_.*|.*_like)")
-# Ops whose dim-0 index argument names the rows of `self` they touch: (position of dim, of index).
-_INDEXED_ALONG = {"index_select": (1, 2), "index_fill_": (1, 2), "index_copy_": (1, 2), "index_add_": (1, 2),
-                  "index_fill": (1, 2), "index_copy": (1, 2), "index_add": (1, 2)}
-_INDEXED_BY_LIST = ("index", "index_put_", "index_put", "_index_put_impl_")
-_SMALL_INDEX = 64  # up to this many entries the rows are read directly, beyond it through torch.unique
 # The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
 BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
 _TABLES = ("req_to_token", "full_to_swa", "full_to_hisparse")
@@ -203,10 +196,7 @@ class Observer:
     def _on_op(self, func, args, kwargs) -> None:
         if self._suspended or not self._by_storage:
             return
-        plan = _PLANS.get(id(func))  # by id: an op's own hash is computed in Python
-        if plan is None:
-            plan = _PLANS[id(func)] = _plan(func)
-        positional, named, indexed, _ = plan
+        positional, named, indexed, _ = plan(func)
         if not positional and not named:
             return  # no tensor argument it could read or write (a factory)
         accesses: list[_Seen] = []
@@ -214,7 +204,7 @@ class Observer:
         for position, is_write in positional:
             if position < count:
                 value = args[position]
-                rows = functools.partial(_indexed_rows, indexed, args) if position == 0 and indexed else None
+                rows = functools.partial(indexed_rows, indexed, args) if position == 0 and indexed else None
                 if isinstance(value, torch.Tensor):
                     self._match(value, is_write, rows, accesses)
                 elif isinstance(value, (list, tuple)):
@@ -225,7 +215,7 @@ class Observer:
             for name, value in kwargs.items():
                 is_write = named.get(name)
                 if is_write is not None:
-                    for tensor in _tensors(value):
+                    for tensor in tensors(value):
                         self._match(tensor, is_write, None, accesses)
         if accesses:
             self._feed(str(func), accesses)
@@ -256,7 +246,7 @@ class Observer:
         for entry in entries:
             if entry.start < end and start < entry.end:
                 indexed = rows() if rows else None
-                if indexed is _UNREADABLE:
+                if indexed is UNREADABLE:
                     indexed, seen_exactly = None, False
                 else:
                     seen_exactly = exact
@@ -345,73 +335,6 @@ class _Dispatch(TorchDispatchMode):
         if func is not aten.record_stream.default:  # not a kernel, as CSAN skips it
             self.observer._on_op(func, args, kwargs)
         return func(*args, **kwargs)
-
-
-# -- tensors, spans and regions --------------------------------------------------------------------------
-
-_PLANS: dict[int, tuple] = {}
-
-
-def _plan(func):
-    """What an op touches, from its schema (CSAN's rules), worked out once per op: the positions and
-    keyword names of the tensor arguments it reads or writes (a view's or a factory's input is
-    metadata only), and the indexing rule of its `self` if it has one."""
-    schema = func._schema
-    factory = bool(_FACTORY.match(schema.name))
-    positional: list[tuple[int, bool]] = []
-    named: dict[str, bool] = {}
-    for position, argument in enumerate(schema.arguments):
-        alias = argument.alias_info
-        is_write = alias is not None and alias.is_write
-        if not is_write and (factory or alias is not None):
-            continue
-        if "Tensor" not in str(argument.type):
-            continue  # a scalar, a size, a dtype
-        if argument.kwarg_only:
-            named[argument.name] = is_write
-        else:
-            positional.append((position, is_write))
-            named[argument.name] = is_write  # a positional argument may be passed by keyword too
-    name = schema.name.split("::")[-1]
-    indexed = name if name in _INDEXED_ALONG or name in _INDEXED_BY_LIST else None
-    return tuple(positional), named, indexed, func  # the op itself kept, so its id is never reused
-
-
-def _tensors(value) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                yield item
-
-
-def _indexed_rows(name: str, args):
-    """The dim-0 rows an indexing op touches in its `self` (see `_host_values`)."""
-    if name in _INDEXED_ALONG:
-        dim_at, index_at = _INDEXED_ALONG[name]
-        if len(args) <= index_at or args[dim_at] != 0:
-            return None
-        return _host_values(args[index_at])
-    if name in _INDEXED_BY_LIST and len(args) > 1 and args[1] and isinstance(args[1], (list, tuple)):
-        return _host_values(args[1][0])
-    return None
-
-
-_UNREADABLE = object()  # an index whose rows the host cannot read: the rows are unknown, not none
-
-
-def _host_values(index):
-    """The rows an index tensor names; `_UNREADABLE` for one on the GPU (reading it would need a host
-    sync, which closes the race window) or a mask; None where the op indexes no rows of dim 0."""
-    if not isinstance(index, torch.Tensor):
-        return None
-    if index.device.type != "cpu" or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
-                                                         torch.uint8):
-        return _UNREADABLE
-    if index.numel() > _SMALL_INDEX:
-        index = torch.unique(index)
-    return index.flatten().tolist()
 
 
 # -- Triton kernels -------------------------------------------------------------------------------------------
