@@ -7,14 +7,14 @@ import contextlib
 import functools
 import inspect
 import textwrap
-from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, NamedTuple, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.errors import InvalidArgument
-from harness.hb import HappensBefore, LaunchRecord, Region, covers, describe_region, union
+from harness.hb import HappensBefore, LaunchRecord, covers, union
+from harness.observe.declarations import Seen, UndeclaredAccess, against, undeclared
 from harness.observe.frames import issuing_frame
 from harness.observe.regions import Registered, region, registered, span
 from harness.observe.schema import UNREADABLE, indexed_rows, plan, tensors
@@ -24,41 +24,6 @@ aten = torch.ops.aten
 # The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
 BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
 _TABLES = ("req_to_token", "full_to_swa", "full_to_hisparse")
-
-
-@dataclass(frozen=True)
-class UndeclaredAccess:
-    """An access a launched operation made to a shared buffer outside what it declared."""
-
-    op: str
-    stream: int
-    seq: int
-    buffer: str
-    region: Region
-    is_write: bool
-    declared: Region  # what the op declared for this buffer and kind; absent: not declared at all
-    declared_at_all: bool
-    frame: Optional[str]
-
-    def __str__(self) -> str:
-        kind = "write" if self.is_write else "read"
-        said = (f"it declared only {describe_region(self.declared)}" if self.declared_at_all
-                else f"it declared no {kind} of {self.buffer!r}")
-        at = f" at {self.frame}" if self.frame else ""
-        return (f"undeclared {kind} of {self.buffer!r} ({describe_region(self.region)}) by {self.op!r} "
-                f"on stream {self.stream} (seq {self.seq}){at}: {said}; the tracker judged the observed access")
-
-
-class _Seen(NamedTuple):
-    """One access an op was seen to make. `exact`: the region is what the op touches; otherwise only
-    the buffer is known (a kernel's pointer, an index the host cannot read) and the region is the
-    span, which the launch's declaration may narrow."""
-
-    buffer: str
-    region: Region
-    is_write: bool
-    shared: bool
-    exact: bool
 
 
 def default_buffers(session) -> dict[str, torch.Tensor]:
@@ -199,7 +164,7 @@ class Observer:
         positional, named, indexed, _ = plan(func)
         if not positional and not named:
             return  # no tensor argument it could read or write (a factory)
-        accesses: list[_Seen] = []
+        accesses: list[Seen] = []
         count = len(args)
         for position, is_write in positional:
             if position < count:
@@ -224,7 +189,7 @@ class Observer:
         if self._suspended or not self._by_storage:
             return
         kinds = kernel_access_kinds(kernel.fn)
-        accesses: list[_Seen] = []
+        accesses: list[Seen] = []
         bound = list(zip(kernel.arg_names, args)) + list(kwargs.items())
         for name, value in bound:
             if isinstance(value, torch.Tensor):
@@ -237,7 +202,7 @@ class Observer:
             self._feed(f"triton:{getattr(kernel.fn, '__name__', 'kernel')}", accesses)
 
     def _match(self, tensor: torch.Tensor, is_write: bool, rows: Optional[Callable[[], Optional[list[int]]]],
-               into: list[_Seen], exact: bool = True) -> None:
+               into: list[Seen], exact: bool = True) -> None:
         """`rows`, for an indexing op's `self`, reads the rows its index names (only once it matters)."""
         entries = self._by_storage.get(tensor.untyped_storage().data_ptr())
         if entries is None or tensor.numel() == 0:
@@ -250,19 +215,19 @@ class Observer:
                     indexed, seen_exactly = None, False
                 else:
                     seen_exactly = exact
-                into.append(_Seen(entry.name, region(entry, tensor, start, end, indexed), is_write, entry.shared,
+                into.append(Seen(entry.name, region(entry, tensor, start, end, indexed), is_write, entry.shared,
                                   seen_exactly))
 
-    def _feed(self, label: str, accesses: list[_Seen]) -> None:
+    def _feed(self, label: str, accesses: list[Seen]) -> None:
         if self._capture is not None:
             node_reads, node_writes, op, reads, writes = self._capture
             frame = issuing_frame()
             for seen in accesses:
-                region, declared = _against(seen, reads, writes)
+                region, declared = against(seen, reads, writes)
                 into = node_writes if seen.is_write else node_reads
                 into[seen.buffer] = region if seen.buffer not in into else union(into[seen.buffer], region)
                 if seen.shared and not declared:
-                    self.undeclared.append(_undeclared(op, self.stream_id(), 0, seen, reads, writes, frame))
+                    self.undeclared.append(undeclared(op, self.stream_id(), 0, seen, reads, writes, frame))
             return
         record = self._record
         host = record is None
@@ -270,7 +235,7 @@ class Observer:
             record = self.tracker.open_launch(self.stream_id(), f"host {label}")
             judged = [(seen, seen.region, True) for seen in accesses]  # the host declares nothing to check
         else:
-            judged = [(seen, *_against(seen, record.reads, record.writes)) for seen in accesses]
+            judged = [(seen, *against(seen, record.reads, record.writes)) for seen in accesses]
             # what this launch already showed adds nothing: no frame to find, nothing to judge
             judged = [j for j in judged
                       if not covers(record.observed.get((j[0].buffer, j[0].is_write), frozenset()), j[1])]
@@ -281,40 +246,11 @@ class Observer:
             for seen, region, declared in judged:
                 self.tracker.observe(record, seen.buffer, region, seen.is_write, frame)
                 if seen.shared and not declared:
-                    self.undeclared.append(_undeclared(record.op, record.stream, record.seq, seen, record.reads,
+                    self.undeclared.append(undeclared(record.op, record.stream, record.seq, seen, record.reads,
                                                        record.writes, frame))
         finally:
             if host:
                 self.tracker.close_launch(record)
-
-
-def _declared(buffer: str, is_write: bool, reads: Mapping, writes: Mapping) -> tuple[bool, Region]:
-    """Whether the op declared this kind of access to `buffer` (a write declaration covers reads too),
-    and the region it declared."""
-    present = [d[buffer] for d in ((writes,) if is_write else (reads, writes)) if buffer in d]
-    widest: Region = frozenset()
-    for part in present:
-        widest = union(widest, part)
-    return bool(present), widest
-
-
-def _against(seen: _Seen, reads: Mapping, writes: Mapping) -> tuple[Region, bool]:
-    """The region to judge an observed access by, and whether its op declared it. An exact access is
-    judged as seen and must lie inside the declaration; an inexact one (only its buffer is known) is
-    narrowed to the declared region when the op declared that buffer at all."""
-    present, declared = _declared(seen.buffer, seen.is_write, reads, writes)
-    if seen.exact:
-        return seen.region, present and covers(declared, seen.region)
-    if not present:
-        return seen.region, False
-    if declared is None:
-        return seen.region, True
-    return (declared if seen.region is None else declared & seen.region), True
-
-
-def _undeclared(op, stream, seq, seen: _Seen, reads, writes, frame) -> "UndeclaredAccess":
-    present, declared = _declared(seen.buffer, seen.is_write, reads, writes)
-    return UndeclaredAccess(op, stream, seq, seen.buffer, seen.region, seen.is_write, declared, present, frame)
 
 
 class _Dispatch(TorchDispatchMode):
