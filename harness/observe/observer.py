@@ -10,16 +10,14 @@ import textwrap
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.errors import InvalidArgument
 from harness.hb import HappensBefore, LaunchRecord, covers, union
 from harness.observe.declarations import Seen, UndeclaredAccess, against, undeclared
+from harness.observe.dispatch import ObservingMode
 from harness.observe.frames import issuing_frame
 from harness.observe.regions import Registered, region, registered, span
 from harness.observe.schema import UNREADABLE, indexed_rows, plan, tensors
-
-aten = torch.ops.aten
 
 # The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
 BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
@@ -108,7 +106,7 @@ class Observer:
         _wrap_triton_launchers()
         previous, _ACTIVE = _ACTIVE, self
         try:
-            with _Dispatch(self):
+            with ObservingMode(self.on_op):
                 yield self
         finally:
             _ACTIVE = previous
@@ -158,7 +156,8 @@ class Observer:
 
     # -- one op ------------------------------------------------------------------------------------
 
-    def _on_op(self, func, args, kwargs) -> None:
+    def on_op(self, func, args, kwargs) -> None:
+        """One aten op (from the dispatch mode): the registered buffers its tensor arguments reach."""
         if self._suspended or not self._by_storage:
             return
         positional, named, indexed, _ = plan(func)
@@ -251,26 +250,6 @@ class Observer:
         finally:
             if host:
                 self.tracker.close_launch(record)
-
-
-class _Dispatch(TorchDispatchMode):
-    """CSAN's dispatch mode, reporting to an `Observer` instead of keeping its own state."""
-
-    def __init__(self, observer: Observer):
-        super().__init__()
-        self.observer = observer
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No Dynamo guard around `__torch_dispatch__`: the harness never compiles, and the guard's
-        wrapper costs a few microseconds on every op, which on the simulator's small ops is most of them."""
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not aten.record_stream.default:  # not a kernel, as CSAN skips it
-            self.observer._on_op(func, args, kwargs)
-        return func(*args, **kwargs)
 
 
 # -- Triton kernels -------------------------------------------------------------------------------------------
