@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from harness.observe.declarations import UndeclaredAccess
 from harness.observe.frames import issuing_frame
-from harness.observe.observer import BATCH_FIELDS, Observer, default_buffers, kernel_access_kinds
+from harness.observe.observer import BATCH_FIELDS, Observer, default_buffers
+from harness.observe.triton import kernel_access_kinds
 
 __all__ = ["BATCH_FIELDS", "Observer", "UndeclaredAccess", "default_buffers", "issuing_frame", "kernel_access_kinds"]

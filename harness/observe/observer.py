@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
-import inspect
-import textwrap
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
@@ -18,6 +15,7 @@ from harness.observe.dispatch import ObservingMode
 from harness.observe.frames import issuing_frame
 from harness.observe.regions import Registered, region, registered, span
 from harness.observe.schema import UNREADABLE, indexed_rows, plan, tensors
+from harness.observe.triton import kernel_access_kinds
 
 # The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
 BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
@@ -256,60 +254,6 @@ class Observer:
 
 _ACTIVE: Optional[Observer] = None
 _WRAPPED = False
-
-
-@functools.cache
-def kernel_access_kinds(fn) -> dict[str, tuple[bool, bool]]:
-    """For each parameter of a Triton kernel: (loads through it, stores through it), from its source.
-
-    A pointer reaches `tl.load`/`tl.store`/`tl.atomic_*` through local arithmetic (`q_ptr + offs`), so
-    each local name carries the parameters it was computed from. A parameter the source never loads
-    or stores through (passed on to a helper, say) is reported as both: unknown is read and write.
-    """
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return {}
-    definition = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
-    if definition is None:
-        return {}
-    params = [a.arg for a in definition.args.args + definition.args.kwonlyargs]
-    origins: dict[str, set[str]] = {p: {p} for p in params}
-
-    def reached(node) -> set[str]:
-        found: set[str] = set()
-        for name in ast.walk(node):
-            if isinstance(name, ast.Name):
-                found |= origins.get(name.id, set())
-        return found
-
-    changed = True
-    while changed:  # to a fixpoint: loops carry pointers from one iteration to the next
-        changed = False
-        for node in ast.walk(definition):
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                sources = reached(node.value)
-                for target in targets:
-                    for name in ast.walk(target):
-                        if isinstance(name, ast.Name):
-                            before = origins.setdefault(name.id, set())
-                            if not sources <= before:
-                                before |= sources
-                                changed = True
-    loads: set[str] = set()
-    stores: set[str] = set()
-    for node in ast.walk(definition):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
-            op = node.func.attr
-            pointer = node.args[0]
-            if op == "load":
-                loads |= reached(pointer)
-            elif op == "store" or op.startswith("atomic_"):
-                stores |= reached(pointer)
-                if op.startswith("atomic_"):
-                    loads |= reached(pointer)
-    return {p: (p in loads, p in stores) if p in loads or p in stores else (True, True) for p in params}
 
 
 def _wrap_triton_launchers() -> None:
