@@ -15,7 +15,7 @@ from harness.observe.dispatch import ObservingMode
 from harness.observe.frames import issuing_frame
 from harness.observe.regions import Registered, region, registered, span
 from harness.observe.schema import UNREADABLE, indexed_rows, plan, tensors
-from harness.observe.triton import kernel_access_kinds
+from harness.observe.triton import kernel_access_kinds, launches_reported_to
 
 # The fields of a forward batch that the scheduler shares with the forward (SGLang's per-batch tensors).
 BATCH_FIELDS = ("req_pool_indices", "positions", "seq_lens", "extend_seq_lens", "out_cache_loc")
@@ -99,15 +99,11 @@ class Observer:
 
     @contextlib.contextmanager
     def observing(self) -> Iterator["Observer"]:
-        """Every aten op and Triton launch in the block is observed."""
-        global _ACTIVE
-        _wrap_triton_launchers()
-        previous, _ACTIVE = _ACTIVE, self
-        try:
-            with ObservingMode(self.on_op):
-                yield self
-        finally:
-            _ACTIVE = previous
+        """Every aten op and Triton launch in the block is observed. Nothing the observer hooks into
+        outlives the block: the dispatch mode is popped and Triton's launchers are put back when it
+        ends, also when it raises."""
+        with launches_reported_to(self), ObservingMode(self.on_op):
+            yield self
 
     def attributed(self, record: LaunchRecord, fn: Callable[[], None]) -> Callable[[], None]:
         """`fn` as the device runs it: its accesses belong to `record`, which closes when it returns."""
@@ -182,7 +178,8 @@ class Observer:
         if accesses:
             self._feed(str(func), accesses)
 
-    def _on_triton(self, kernel, args, kwargs) -> None:
+    def on_launch(self, kernel, args, kwargs) -> None:
+        """One Triton launch (from the wrapped launcher): the registered buffers its pointers reach."""
         if self._suspended or not self._by_storage:
             return
         kinds = kernel_access_kinds(kernel.fn)
@@ -248,36 +245,3 @@ class Observer:
         finally:
             if host:
                 self.tracker.close_launch(record)
-
-
-# -- Triton kernels -------------------------------------------------------------------------------------------
-
-_ACTIVE: Optional[Observer] = None
-_WRAPPED = False
-
-
-def _wrap_triton_launchers() -> None:
-    """Wrap the compiled and the interpreted launcher once; they report to the active observer only."""
-    global _WRAPPED
-    if _WRAPPED:
-        return
-    _WRAPPED = True
-    try:
-        from triton.runtime import interpreter, jit  # optional: only where Triton is installed
-    except ImportError:
-        return
-    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
-        cls.run = _observed_run(cls.run)
-
-
-def _observed_run(run):
-    @functools.wraps(run)
-    def observed(kernel, *args, grid, warmup=False, **kwargs):
-        observer = _ACTIVE
-        if observer is None or warmup:
-            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
-        observer._on_triton(kernel, args, kwargs)
-        with observer.suspended():  # the interpreter's own copies of the arguments are not the kernel's accesses
-            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
-
-    return observed
