@@ -13,7 +13,7 @@ from harness.hb import HappensBefore, LaunchRecord, covers, union
 from harness.observe.declarations import Seen, UndeclaredAccess, against, undeclared
 from harness.observe.dispatch import ObservingMode
 from harness.observe.frames import issuing_frame
-from harness.observe.regions import Registered, region, registered, span
+from harness.observe.regions import Registered, registered, rows_touched, span
 from harness.observe.schema import UNREADABLE, indexed_rows, plan, tensors
 from harness.observe.triton import kernel_access_kinds, launches_reported_to
 
@@ -209,19 +209,14 @@ class Observer:
                     indexed, seen_exactly = None, False
                 else:
                     seen_exactly = exact
-                into.append(Seen(entry.name, region(entry, tensor, start, end, indexed), is_write, entry.shared,
-                                  seen_exactly))
+                into.append(Seen(entry.name, rows_touched(entry, tensor, start, end, indexed), is_write,
+                                 entry.shared, seen_exactly))
 
     def _feed(self, label: str, accesses: list[Seen]) -> None:
+        """What one op or launch touched, to the open capture's node, else to the tracker under the
+        running launch, else as host work of its own on the current stream (`label` names it)."""
         if self._capture is not None:
-            node_reads, node_writes, op, reads, writes = self._capture
-            frame = issuing_frame()
-            for seen in accesses:
-                region, declared = against(seen, reads, writes)
-                into = node_writes if seen.is_write else node_reads
-                into[seen.buffer] = region if seen.buffer not in into else union(into[seen.buffer], region)
-                if seen.shared and not declared:
-                    self.undeclared.append(undeclared(op, self.stream_id(), 0, seen, reads, writes, frame))
+            self._feed_capture(accesses)
             return
         record = self._record
         host = record is None
@@ -245,3 +240,14 @@ class Observer:
         finally:
             if host:
                 self.tracker.close_launch(record)
+
+    def _feed_capture(self, accesses: list[Seen]) -> None:
+        """Into the captured node's reads and writes, judged against what the captured op declared."""
+        node_reads, node_writes, op, reads, writes = self._capture
+        frame = issuing_frame()
+        for seen in accesses:
+            region, declared = against(seen, reads, writes)
+            into = node_writes if seen.is_write else node_reads
+            into[seen.buffer] = region if seen.buffer not in into else union(into[seen.buffer], region)
+            if seen.shared and not declared:
+                self.undeclared.append(undeclared(op, self.stream_id(), 0, seen, reads, writes, frame))

@@ -46,7 +46,7 @@ def span(tensor: torch.Tensor) -> tuple[int, int]:
     return start, start + (last + 1) * size
 
 
-def region(entry: Registered, tensor: torch.Tensor, start: int, end: int, rows: Optional[list[int]]) -> Region:
+def rows_touched(entry: Registered, tensor: torch.Tensor, start: int, end: int, rows: Optional[list[int]]) -> Region:
     """Rows of `entry` that `tensor` touches: the indexed rows where known, else its span's rows."""
     first = max(start, entry.start) - entry.start
     last = min(end, entry.end) - 1 - entry.start
