@@ -8,10 +8,11 @@ observer watches the code instead, the way PyTorch's CUDA sanitizer does (``torc
   writes (``alias_info.is_write``: in-place ``self``, ``out=``), which it only views (metadata) and
   which it reads; a tensor argument is mapped to a named buffer by its data pointer range, as CSAN
   keys its state by data pointer;
-- a Triton kernel bypasses the dispatcher, so its launcher is wrapped (Triton's own
-  ``launch_enter_hook`` is not called by the interpreter that runs kernels on the CPU): every tensor
-  argument is an access, a write when the kernel's source stores or atomically updates through that
-  pointer, a read when it only loads, both when the source cannot tell;
+- a Triton kernel bypasses the dispatcher, so its launcher is wrapped while an observation lasts
+  (Triton's own ``launch_enter_hook`` is not called by the interpreter that runs kernels on the CPU),
+  and put back when it ends, also by an exception: every tensor argument is an access, a write when
+  the kernel's source stores or atomically updates through that pointer, a read when it only loads,
+  both when the source cannot tell;
 - the access is attributed to the operation the device is running (the launch's stream and place in
   the program) or, for an op the host runs outside any launch, to the device's current stream (the
   real current CUDA stream on a GPU), and carries the Python frame that issued it.
@@ -29,6 +30,12 @@ what the tracker judges; undeclared, the whole buffer is.
 Declared accesses remain (the harness stands in for parts of the system), but they are checked: an
 observed access to a shared buffer that the running launch did not declare, or declared narrower,
 is an `UndeclaredAccess`, a finding of its own, so a wrong declaration can never hide a race.
+
+One job a module, as CSAN separates argument handling, event handling and the dispatch mode:
+`schema` (which arguments an op reads and writes), `regions` (which rows a tensor reaches),
+`declarations` (an access against its launch's declaration), `frames` (the issuing frame), `triton`
+(a kernel's source, and its launchers), `dispatch` (the dispatch mode) and `observer`, which brings
+them together.
 """
 
 from __future__ import annotations
