@@ -1,5 +1,5 @@
 """The happens-before tracker's cost: the same cases with the tracker and with a no-op in its place,
-measured in one run, as a ratio; then the observer (`harness/observe.py`) on top of the tracker,
+measured in one run, as a ratio; then the observer (`harness/observe/`) on top of the tracker,
 against the unobserved run, per run and per judged case (`run_case` observes the overlapped run
 only, the one the happens-before oracle judges), on the benchmark's small cases and on the
 campaign's seed cases of both semantics (every protocol shape, the 11673-token threshold case among

@@ -9,7 +9,7 @@ Beyond CSAN, an access names a *region* of a buffer rather than a base pointer, 
 launched outside torch's dispatcher declare their reads and writes explicitly, and a
 captured CUDA graph can be replayed into the tracker with its internal record/wait edges.
 
-Accesses may arrive after their launch was issued: the observer (``harness/observe.py``) sees
+Accesses may arrive after their launch was issued: the observer (``harness/observe/``) sees
 what an operation really touched only when it executes, which on the simulator is long after
 the host issued it. Each access therefore carries the clock its stream had at issue, so a pair
 is judged by the program's order whatever order the accesses arrive in.

@@ -34,7 +34,7 @@ def resolve_device(name: str) -> str:
 
 
 def make_device(name: str, *, schedule: str = "adversarial", observe: bool = False) -> Device:
-    """`observe`: the observer feeds the tracker what the code really touches (`harness/observe.py`)."""
+    """`observe`: the observer feeds the tracker what the code really touches (`harness/observe/`)."""
     kind = resolve_device(name)
     if kind == "cpu":
         return SimDevice(schedule=schedule, observe=observe)

@@ -53,7 +53,7 @@ class GraphCapture:
 class Device:
     """Base class: stream bookkeeping, the tracker, and graph capture shared by both devices.
 
-    `observe=True` adds the observer (`harness/observe.py`): what each launched closure really reads
+    `observe=True` adds the observer (`harness/observe/`): what each launched closure really reads
     and writes, and what the host runs outside any launch, is fed to the tracker beside the
     declarations, within `observing()`."""
 
