@@ -29,8 +29,8 @@ from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
 from harness.workers import cpu_cores
-from reports.folder import MUTANTS, NIGHTLY, SUMMARY
-from reports.writers import refuse_other_runs, write_json_atomically
+from reports.schema import MUTANTS, NIGHTLY, SUMMARY
+from reports.writers import refuse_other_runs, write_report
 
 # pytest's own exit codes (`pytest.ExitCode`): 2 is its interruption, 3 its internal error, 4 a usage
 # error and 5 "no tests collected", the last three a step that could not run
@@ -147,8 +147,8 @@ def run(args) -> int:
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
         stop.writing()
-        write_json_atomically(report_dir / "nightly.json", {"exit_code": code, "interrupted": stop.signal_name,
-                                                            "steps": [asdict(s) for s in steps]})
+        write_report(report_dir / NIGHTLY, {"exit_code": code, "interrupted": stop.signal_name,
+                                            "steps": [asdict(s) for s in steps]})
         campaign_found = any(s.name == "campaign" and s.outcome == "found" for s in steps)
         code = _render_and_judge(report_dir, code, device, campaign_found=campaign_found)
     return code

@@ -1,35 +1,25 @@
-"""Read a report folder: every JSON file the runs write, validated field by field.
+"""Read a report folder: every file the runs write, each JSON file validated by its schema (reports/schema.py).
 
 A file that is absent is simply absent (the page leaves its section out), but a file that exists
 and is not valid JSON, or lacks a field the page uses, or holds a field of the wrong type, is a
 `ReportError` naming the file and the field: a truncated report must never render as a clean one.
+What the page, the verdict and `merge` read is the file's data, a few parts put in one shape
+(`summary_view`, `triage_view`, `kernel_view`).
 """
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.case import Flags
 from harness.errors import InvalidArgument
+from reports.schema import (CLEAN_REFERENCE, KERNEL, MUTANTS, NIGHTLY, SANITIZER, SUMMARY, TRIAGE, VERSIONS,
+                            ReportError, read_report)
 
-SUMMARY, MUTANTS, TRIAGE, SANITIZER, KERNEL = "summary.json", "mutants.json", "triage.json", "sanitizer.json", "kernel.json"
 SANITIZER_RAW_DIR = "sanitizer"  # the sanitizer's own XML and logs, beside sanitizer.json
-CLEAN_REFERENCE = "mutants-clean.json"
-NIGHTLY, VERSIONS = "nightly.json", "versions.json"
-STEP_OUTCOMES = ("clean", "found", "broken", "skipped", "interrupted")
 PYTEST_JUNIT = "junit-pytest.xml"
 EXAMPLES = "examples"
-SANITIZER_STATUSES = ("clean", "found", "failed")
-CASE_OUTCOMES = ("clean", "found")
-
-_TYPES = {"str": (str,), "int": (int,), "number": (int, float), "bool": (bool,), "list": (list,), "object": (dict,)}
-
-
-class ReportError(InvalidArgument):
-    """A report file exists but cannot be used; the message names the file and what is wrong."""
 
 
 @dataclass
@@ -81,267 +71,47 @@ class ReportFolder:
                         self.nightly, self.versions))
 
 
-class _Check:
-    """Field checks for one file; every error message starts with the file's name."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def fail(self, what: str):
-        raise ReportError(f"{self.name}: {what}")
-
-    def need(self, data: dict, key: str, kind: str, where: str = "", *, optional: bool = False,
-             nullable: bool = False, allowed: tuple = ()):
-        path = f"{where}{key}"
-        if key not in data:
-            if optional:
-                return None
-            self.fail(f"missing field '{path}'")
-        value = data[key]
-        if value is None and (nullable or optional):
-            return None
-        ok = isinstance(value, _TYPES[kind]) and not (kind in ("int", "number") and isinstance(value, bool))
-        if not ok:
-            self.fail(f"field '{path}' must be {'a list' if kind == 'list' else 'an object' if kind == 'object' else kind}"
-                      f"{' or null' if nullable else ''}, got {json.dumps(value)[:60]}")
-        if allowed and value not in allowed:
-            self.fail(f"field '{path}' is {value!r}; allowed: {', '.join(allowed)}")
-        return value
-
-    def items(self, data: dict, key: str, where: str = "", *, optional: bool = False, kind: str = "object"):
-        """The list under `key`, each item checked to be of `kind`; yields (prefix, item)."""
-        values = self.need(data, key, "list", where, optional=optional) or []
-        for i, item in enumerate(values):
-            prefix = f"{where}{key}[{i}]"
-            if not isinstance(item, _TYPES[kind]):
-                self.fail(f"field '{prefix}' must be {'an object' if kind == 'object' else kind}, "
-                          f"got {json.dumps(item)[:60]}")
-            yield f"{prefix}.", item
+def summary_view(summary: dict) -> dict:
+    """A campaign as the page, the verdict and `merge` read it: its telemetry in one shape."""
+    if summary.get("telemetry") is None:
+        return summary
+    return {**summary, "telemetry": telemetry_view(summary["telemetry"])}
 
 
-def _read_json(path: Path):
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ReportError(f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-
-
-def check_summary(check: _Check, data, where: str = "") -> dict:
-    """The campaign's summary (harness/campaign.py CampaignResult.summary, plus the fields harness/commands/run.py adds)."""
-    if not isinstance(data, dict):
-        check.fail(f"{('field ' + repr(where.rstrip('.'))) if where else 'the top level'} must be an object")
-    for key in ("target", "device", "semantics"):
-        check.need(data, key, "str", where)
-    check.need(data, "target_description", "str", where, optional=True)
-    for prefix, name in check.items(data, "without", where, optional=True, kind="str"):
-        if name not in Flags.GATES:
-            check.fail(f"field '{prefix.rstrip('.')}' is {name!r}, not a gate switch; allowed: {', '.join(Flags.GATES)}")
-    check.need(data, "cases", "int", where)
-    check.need(data, "duration_s", "number", where)
-    check.need(data, "seed", "int", where, optional=True)
-    check.need(data, "profile", "str", where, optional=True)
-    check.need(data, "mutant", "str", where, optional=True)
-    check.need(data, "cases_per_second", "number", where, optional=True)
-    list(check.items(data, "oracles", where, optional=True, kind="str"))
-    first = check.need(data, "first_detection", "object", where, optional=True)
-    if first is not None:
-        check.need(first, "examples", "int", f"{where}first_detection.")
-        check.need(first, "seconds", "number", f"{where}first_detection.")
-    for prefix, finding in check.items(data, "findings", where):
-        for key in ("oracle", "kind", "message", "case_summary", "replay"):
-            check.need(finding, key, "str", prefix)
-        check.need(finding, "severity", "str", prefix, optional=True)
-        check.need(finding, "details", "object", prefix, optional=True)
-        check.need(finding, "batch", "int", prefix, optional=True)
-    for prefix, record in check.items(data, "cases_log", where, optional=True):
-        check.need(record, "i", "int", prefix)
-        check.need(record, "t", "number", prefix)
-        check.need(record, "outcome", "str", prefix, allowed=CASE_OUTCOMES)
-        check.need(record, "tokens", "int", prefix)
-        check.need(record, "requests", "int", prefix)
-        check.need(record, "graph", "bool", prefix)
-        check.need(record, "spec", "str", prefix)
-        check.need(record, "stream", "int", prefix, optional=True)
-        check.need(record, "case", "str", prefix, optional=True)
-    shard = check.need(data, "shard", "object", where, optional=True)
-    if shard is not None:
-        check.need(shard, "index", "int", f"{where}shard.")
-        check.need(shard, "count", "int", f"{where}shard.")
-    check.need(data, "interrupted", "str", where, optional=True)
-    check.need(data, "replayed_from_db", "int", where, optional=True)
-    check.need(data, "jobs", "int", where, optional=True)
-    coverage = check.need(data, "coverage", "object", where, optional=True)
-    if coverage is not None:
-        check.need(coverage, "dimensions", "object", f"{where}coverage.")
-        check.need(coverage, "unreached", "object", f"{where}coverage.")
-        check.need(coverage, "combinations_reached", "int", f"{where}coverage.")
-    time_spent = check.need(data, "time", "object", where, optional=True)
-    for phase in time_spent or {}:
-        check.need(time_spent, phase, "number", f"{where}time.")
-    race_gates = check.need(data, "race_gates", "object", where, optional=True)
-    for way in race_gates or {}:
-        check.need(race_gates, way, "int", f"{where}race_gates.")
-    check.need(data, "cuda_visible_devices", "str", where, optional=True)
-    list(check.items(data, "shards_missing", where, optional=True, kind="int"))
-    for prefix, row in check.items(data, "workers", where, optional=True):
-        for key in ("folder", "shard"):
-            check.need(row, key, "str", prefix)
-        check.need(row, "cases", "int", prefix)
-        check.need(row, "duration_s", "number", prefix)
-        check.need(row, "cases_per_second", "number", prefix, optional=True)
-        for key in ("cuda_visible_devices", "gpu"):
-            check.need(row, key, "str", prefix, optional=True)
-    telemetry = check.need(data, "telemetry", "object", where, optional=True)
-    if telemetry is not None:
-        data = {**data, "telemetry": check_telemetry(check, telemetry, f"{where}telemetry.")}
-    return data
-
-
-def check_telemetry(check: _Check, telemetry: dict, where: str) -> dict:
-    """NVML telemetry in either shape, as {gpus, suspect, reasons, unavailable}: one record as
-    harness/telemetry.py's TelemetryRecord.to_dict() writes it (`available`, `suspect_reasons`, ...),
-    or one record per GPU (`gpus`, `suspect`, `reasons`)."""
+def telemetry_view(telemetry: dict) -> dict:
+    """NVML telemetry in either of its shapes (reports/schema.py `Telemetry`) as {gpus, suspect, reasons,
+    unavailable}: one record as a run writes it (`available`, `suspect_reasons`, ...), or one per GPU."""
     if "gpus" in telemetry:
-        list(check.items(telemetry, "gpus", where))
-        check.need(telemetry, "suspect", "bool", where)
-        list(check.items(telemetry, "reasons", where, kind="str"))
         return {"gpus": telemetry["gpus"], "suspect": telemetry["suspect"], "reasons": telemetry["reasons"],
                 "unavailable": None}
-    if "available" not in telemetry:
-        check.fail(f"field '{where.rstrip('.')}' has neither 'gpus' (records per GPU) nor 'available' (one NVML record)")
-    available = check.need(telemetry, "available", "bool", where)
-    reason = check.need(telemetry, "reason", "str", where, optional=True)
-    reasons = list(check.items(telemetry, "suspect_reasons", where, kind="str"))
-    return {"gpus": [telemetry] if available else [], "suspect": bool(reasons), "reasons": [r for _, r in reasons],
-            "unavailable": None if available else reason or "no reason given"}
+    available, reasons = telemetry["available"], telemetry["suspect_reasons"]
+    return {"gpus": [telemetry] if available else [], "suspect": bool(reasons), "reasons": reasons,
+            "unavailable": None if available else telemetry.get("reason") or "no reason given"}
 
 
-def check_mutants(check: _Check, data) -> list[dict]:
-    """The kill table (harness/mutants/kill_table.py run_kill_table): one row per mutant."""
-    if not isinstance(data, list):
-        check.fail("the top level must be a list of mutant rows")
-    for prefix, row in check.items({"rows": data}, "rows"):
-        prefix = prefix.removeprefix("rows")
-        check.need(row, "name", "str", prefix)
-        check.need(row, "killed", "bool", prefix)
-        list(check.items(row, "oracles", prefix, kind="str"))
-        check.need(row, "examples_to_detect", "int", prefix, nullable=True)
-        check.need(row, "seconds_to_detect", "number", prefix, nullable=True)
-        for key in ("description", "expected_oracle", "minimal_case", "replay"):
-            check.need(row, key, "str", prefix, optional=True)
-        list(check.items(row, "contract_failures", prefix, optional=True, kind="str"))
-    return data
+def triage_view(triage: dict) -> dict:
+    """A triage with every list the page reads (`--static-only` writes no contract breaks, an older one no
+    static part) and its campaign as `summary_view` gives it."""
+    campaign = triage.get("campaign")
+    return {"contract_breaks": [], "static_breaks": [], "static_unknowable": [], "static_missing_modules": [],
+            **triage, "campaign": campaign and summary_view(campaign)}
 
 
-def check_clean_reference(check: _Check, data) -> dict:
-    """harness/mutants/kill_table.py: the clean reference through the kill table's campaign (it must find nothing)."""
-    if not isinstance(data, dict):
-        check.fail("the top level must be an object")
-    check.need(data, "cases", "int")
-    check.need(data, "findings", "int")
-    check.need(data, "finding", "str", nullable=True)
-    return data
-
-
-def check_triage(check: _Check, data) -> dict:
-    """harness/commands/triage.py: the contract breaks on the built object, the static breaks on the
-    source, then a short campaign; `triage --static-only` writes the static part alone."""
-    if not isinstance(data, dict):
-        check.fail("the top level must be an object")
-    check.need(data, "target", "str")
-    static_only = check.need(data, "static_only", "bool", optional=True)
-    for key in ("device", "semantics"):
-        check.need(data, key, "str", optional=static_only)
-    for prefix, b in check.items(data, "contract_breaks", optional=static_only):
-        for key in ("cls", "attribute", "file"):
-            check.need(b, key, "str", prefix)
-        check.need(b, "line", "int", prefix)
-        list(check.items(b, "call_path", prefix, kind="str"))
-    for prefix, b in check.items(data, "static_breaks", optional=True):
-        for key in ("cls", "attribute", "method", "file"):
-            check.need(b, key, "str", prefix)
-        check.need(b, "line", "int", prefix)
-    for prefix, o in check.items(data, "static_unknowable", optional=True):
-        for key in ("cls", "reason", "file"):
-            check.need(o, key, "str", prefix)
-    list(check.items(data, "static_missing_modules", optional=True, kind="str"))
-    campaign = check.need(data, "campaign", "object", optional=static_only)
-    return {"contract_breaks": [], "static_breaks": [], "static_unknowable": [], "static_missing_modules": [], **data,
-            "campaign": campaign and check_summary(check, campaign, "campaign.")}
-
-
-def check_versions(check: _Check, data) -> dict:
-    """harness/triage/versions.py (`triage --versions`): the triage outcome per sglang version, and the first that broke."""
-    if not isinstance(data, dict):
-        check.fail("the top level must be an object")
-    check.need(data, "first_failing", "str", nullable=True)
-    check.need(data, "last_passing", "str", nullable=True)
-    for prefix, row in check.items(data, "versions"):
-        for key in ("version", "status", "detail"):
-            check.need(row, key, "str", prefix)
-    return data
-
-
-def check_sanitizer(check: _Check, data) -> dict:
-    """The compute-sanitizer run (harness/sanitizer/cli.py): the binary used, one result per tool and case,
-    per-tool figures; or, when no binary was found, `binary: null` and the `error`."""
-    if not isinstance(data, dict):
-        check.fail("the top level must be an object")
-    binary = check.need(data, "binary", "object", nullable=True)
-    for key in ("path", "source", "version") if binary is not None else ():
-        check.need(binary, key, "str", "binary.", nullable=True)
-    check.need(data, "error", "str", optional=True)
-    figures = check.need(data, "figures", "object", optional=True) or {}
-    for tool, row in figures.items():
-        if not isinstance(row, dict):
-            check.fail(f"field 'figures.{tool}' must be an object, got {json.dumps(row)[:60]}")
-    for prefix, result in check.items(data, "results"):
-        check.need(result, "tool", "str", prefix)
-        check.need(result, "case", "str", prefix)
-        check.need(result, "status", "str", prefix, allowed=SANITIZER_STATUSES)
-        for key in ("problem", "expected", "replay"):
-            check.need(result, key, "str", prefix, optional=True)
-        for key in ("exit_code", "errors", "warnings"):
-            check.need(result, key, "int", prefix, optional=True)
-        for key in ("seconds", "plain_seconds", "slowdown"):
-            check.need(result, key, "number", prefix, optional=True)
-        list(check.items(result, "kernels_seen", prefix, optional=True, kind="str"))
-        for kind, name in (check.need(result, "raw", "object", prefix, optional=True) or {}).items():
-            if not isinstance(name, str):
-                check.fail(f"field '{prefix}raw.{kind}' must be str, got {json.dumps(name)[:60]}")
-        for fprefix, finding in check.items(result, "findings", prefix, optional=True):
-            for key in ("kind", "kernel", "message", "severity"):
-                check.need(finding, key, "str", fprefix, optional=True)
-    return data
-
-
-def check_kernel(check: _Check, data) -> dict:
-    """A kernel benchmark, shown generically. Rows are flat (`name`, `tokens`, `ms`, ...) or hold one object
+def kernel_view(kernel: dict | list) -> dict:
+    """A kernel benchmark as flat rows (`name`, `tokens`, `ms`, ...) and facts: a row that holds one object
     per implementation (`tokens`, `triton: {ms, ...}`, `torch: {...}`, as benchmarks/sparse_kernel.py
-    writes); both become flat rows. The other top-level fields are facts: scalars, one level of objects,
-    and lists by their length."""
-    if isinstance(data, list):
-        data = {"rows": data}
-    if not isinstance(data, dict):
-        check.fail("the top level must be a list of rows or an object with 'rows'")
+    writes) becomes a row per implementation. The other top-level fields are facts: scalars, one level of
+    objects, and lists by their length."""
+    if isinstance(kernel, list):
+        kernel = {"rows": kernel}
     rows = []
-    for prefix, row in check.items(data, "rows"):
+    for row in kernel["rows"]:
         scalars = {k: v for k, v in row.items() if not isinstance(v, (dict, list))}
-        per_impl = {k: v for k, v in row.items() if isinstance(v, dict) and "ms" in v}
-        if not per_impl:
-            check.need(row, "name", "str", prefix)
-        check.need(row, "tokens", "int", prefix, optional=True)
-        for where, flat in ([(f"{prefix}{k}.", {"name": k, **scalars, **v}) for k, v in per_impl.items()]
-                            or [(prefix, scalars)]):
-            for key in ("ms", "gbps", "tflops", "pct_roofline", "roofline_gbps"):
-                check.need(flat, key, "number", where, optional=True)
-            rows.append({k: v for k, v in flat.items() if not isinstance(v, (dict, list))})
+        per_implementation = [{"name": k, **scalars, **v} for k, v in row.items() if isinstance(v, dict) and "ms" in v]
+        rows += [{k: v for k, v in flat.items() if not isinstance(v, (dict, list))}
+                 for flat in per_implementation or [scalars]]
     facts = {}
-    for key, value in data.items():
+    for key, value in kernel.items():
         if key == "rows":
             continue
         if isinstance(value, dict):
@@ -351,22 +121,6 @@ def check_kernel(check: _Check, data) -> dict:
         else:
             facts[key] = value
     return {"rows": rows, "meta": facts}
-
-
-def check_nightly(check: _Check, data) -> dict:
-    """harness/nightly.py: each step's command, exit code, time and outcome. A step that could not run
-    may have left no file of its own; this is where the page learns of it."""
-    if not isinstance(data, dict):
-        check.fail("the top level must be an object")
-    check.need(data, "exit_code", "int")
-    check.need(data, "interrupted", "str", optional=True)
-    for prefix, step in check.items(data, "steps"):
-        check.need(step, "name", "str", prefix)
-        list(check.items(step, "command", prefix, kind="str"))
-        check.need(step, "exit_code", "int", prefix, nullable=True)
-        check.need(step, "seconds", "number", prefix)
-        check.need(step, "outcome", "str", prefix, allowed=STEP_OUTCOMES)
-    return data
 
 
 def read_pytest_junit(path: Path) -> PytestRun:
@@ -401,20 +155,28 @@ def read_pytest_junit(path: Path) -> PytestRun:
     return PytestRun(seconds=seconds, cases=cases, **totals)
 
 
+def _as_written(data):
+    """A file the page reads as it was written."""
+    return data
+
+
+# each JSON file, the folder's attribute that holds it, and the shape it is read in
+_FILES = ((SUMMARY, "summary", summary_view), (MUTANTS, "mutants", _as_written),
+          (CLEAN_REFERENCE, "clean_reference", _as_written), (TRIAGE, "triage", triage_view),
+          (SANITIZER, "sanitizer", _as_written), (KERNEL, "kernel", kernel_view), (NIGHTLY, "nightly", _as_written),
+          (VERSIONS, "versions", _as_written))
+
+
 def load_folder(path: Path, pytest_junit: Path | None = None) -> ReportFolder:
     """`pytest_junit`: where pytest wrote its JUnit XML, when not in the folder as junit-pytest.xml."""
     path = Path(path)
     if not path.is_dir():
         raise InvalidArgument(f"report folder {path}: no such directory")
     folder = ReportFolder(path)
-    for name, attr, check in ((SUMMARY, "summary", check_summary), (MUTANTS, "mutants", check_mutants),
-                              (CLEAN_REFERENCE, "clean_reference", check_clean_reference),
-                              (TRIAGE, "triage", check_triage), (SANITIZER, "sanitizer", check_sanitizer),
-                              (KERNEL, "kernel", check_kernel), (NIGHTLY, "nightly", check_nightly),
-                              (VERSIONS, "versions", check_versions)):
+    for name, attr, view in _FILES:
         file = path / name
         if file.is_file():
-            setattr(folder, attr, check(_Check(name), _read_json(file)))
+            setattr(folder, attr, view(read_report(file)))
     if pytest_junit is not None and not Path(pytest_junit).is_file():
         raise ReportError(f"{Path(pytest_junit).name}: pytest's JUnit XML was not written")
     junit = Path(pytest_junit) if pytest_junit else path / PYTEST_JUNIT

@@ -28,10 +28,11 @@ from pathlib import Path
 from harness.coverage import merge_tables
 from harness.errors import ExitCode, InvalidArgument
 from reports.cli import EXIT_CODES, render_folder
-from reports.folder import (CLEAN_REFERENCE, EXAMPLES, KERNEL, MUTANTS, NIGHTLY, PYTEST_JUNIT, SANITIZER, SUMMARY,
-                            TRIAGE, VERSIONS, ReportError, ReportFolder, load_folder)
+from reports.folder import EXAMPLES, PYTEST_JUNIT, ReportFolder, load_folder
 from reports.junit import CAMPAIGN, MUTANTS as JUNIT_MUTANTS, SANITIZER as JUNIT_SANITIZER
-from reports.writers import refuse_other_runs, replace_report, write_bytes_atomically, write_json_atomically
+from reports.schema import (CLEAN_REFERENCE, KERNEL, MUTANTS, NIGHTLY, SANITIZER, SUMMARY, TRIAGE, VERSIONS,
+                            ReportError)
+from reports.writers import refuse_other_runs, replace_report, write_bytes_atomically, write_report
 
 CAMPAIGN_IDENTITY = ("target", "target_description", "without", "mutant", "semantics", "device", "profile", "seed")
 REPORT_FILES = (SUMMARY, MUTANTS, CLEAN_REFERENCE, TRIAGE, SANITIZER, KERNEL, NIGHTLY, VERSIONS, PYTEST_JUNIT,
@@ -236,7 +237,7 @@ def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
         for name, data in ((SUMMARY, summary), (MUTANTS, mutants), (CLEAN_REFERENCE, clean), (SANITIZER, sanitizer),
                            (NIGHTLY, nightly)):
             if data is not None:
-                write_json_atomically(staging / name, data)
+                write_report(staging / name, data)
         if junit is not None:
             write_bytes_atomically(staging / PYTEST_JUNIT, junit)
         for name, path in singles.items():

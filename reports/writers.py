@@ -4,7 +4,8 @@ Each file is written to a temporary sibling, flushed to disk, then renamed over 
 step (`os.replace` is atomic on POSIX and Windows): a reader sees the old file or the new one, never
 a prefix of the new one. A failure on the way removes the temporary file and leaves the target as
 it was. A run's set of files (its summary, its JUnit, its page) is replaced the same way, one folder
-rename for all of them (`replace_report`).
+rename for all of them (`replace_report`). A report file's JSON is written only once its schema
+(reports/schema.py) has accepted it (`write_report`), so the folder never holds a file its reader refuses.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import InvalidArgument
+from reports.schema import check_written
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:
@@ -44,6 +46,16 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 def write_json_atomically(path: Path, data) -> None:
     write_text_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_report(path: Path, data) -> None:
+    """The report file `path` (summary.json, mutants.json, ...: its name picks its schema), written
+    atomically once its schema has accepted the text; a field the schema refuses or does not declare is
+    the writer's bug (`UnwritableReport`, exit 5), and nothing is written."""
+    path = Path(path)
+    text = json.dumps(data, indent=2) + "\n"
+    check_written(path.name, text)
+    write_text_atomically(path, text)
 
 
 def report_folder(value: str) -> Path:

@@ -380,7 +380,7 @@ def test_a_real_differing_output_carries_its_first_difference_in_details():
     ("summary.json", "[1, 2]", "summary.json: the top level must be an object"),
     ("mutants.json", json.dumps([{"name": "a"}]), "mutants.json: missing field '[0].killed'"),
     ("sanitizer.json", json.dumps(sanitizer([{**san_result("racecheck", "k", "clean"), "status": "ok"}])),
-     "sanitizer.json: field 'results[0].status' is 'ok'; allowed: clean, found, failed"),
+     "sanitizer.json: field 'results[0].status' is 'ok'; allowed: 'clean', 'found' or 'failed'"),
     ("triage.json", json.dumps({"target": "t", "device": "cpu", "semantics": "pr", "contract_breaks": []}),
      "triage.json: missing field 'campaign'"),
     ("kernel.json", json.dumps({"rows": [{"tokens": 4}]}), "kernel.json: missing field 'rows[0].name'"),

@@ -7,7 +7,8 @@ from pathlib import Path
 from harness.csan import second_opinion_campaign
 from harness.errors import ExitCode
 from harness.targets import load_target
-from reports.writers import write_json_atomically
+from reports.schema import CSAN
+from reports.writers import write_report
 
 
 def run(args) -> int:
@@ -16,12 +17,12 @@ def run(args) -> int:
     summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
                                       mutant=args.mutant)
     summary.update(target=args.target, mutant=args.mutant, semantics=semantics)
-    write_json_atomically(Path(args.report_dir) / "csan.json", summary)
+    write_report(Path(args.report_dir) / CSAN, summary)
     print(f"{summary['cases']} cases ({summary['graph_cases']} with graph replays), judged by our tracker, the "
           f"differential oracle and CSAN: {summary['verdicts']}; {summary['differential_findings']} differential")
     for d in summary["disagreements"]:
         print(f"  [{d['verdict']}] {d['explanation'] or 'UNEXPLAINED'}: {d['case']}")
         print(f"    replay: {d['replay']}")
-    print(f"report: {Path(args.report_dir) / 'csan.json'}")
+    print(f"report: {Path(args.report_dir) / CSAN}")
     found = summary["differential_findings"] or any(v != "agree-clean" for v in summary["verdicts"])
     return ExitCode.FOUND if found else ExitCode.OK

@@ -25,9 +25,10 @@ from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visibl
 from harness.workers import plan as plan_workers
 from reports import junit
 from reports.cli import render_folder
-from reports.folder import SUMMARY, load_folder, time_rows
+from reports.folder import load_folder, time_rows
 from reports.merge import merge_summaries
-from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_json_atomically
+from reports.schema import REPLAY_SUMMARY, SUMMARY
+from reports.writers import new_staging_folder, refuse_other_runs, replace_report, write_report
 
 
 def run(args) -> int:
@@ -112,7 +113,7 @@ def _print_result(args, summary: dict, *, device, semantics, target, shard, repo
                   f"{', starting from the seed case it was found on' if summary.get('found_on_seed') else ''}")
     if summary["interrupted"]:
         print(f"interrupted by {summary['interrupted']} after {summary['cases']} cases: the report holds them")
-    print(f"summary: {report_dir / ('replay-summary.json' if args.from_db else SUMMARY)}")
+    print(f"summary: {report_dir / (REPLAY_SUMMARY if args.from_db else SUMMARY)}")
     print(f"page: {report_dir / 'index.html'}")
     if summary["findings"]:
         return ExitCode.FOUND
@@ -138,7 +139,7 @@ def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracl
     summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
     stop.writing()
-    name = "replay-summary.json" if args.from_db else SUMMARY  # a replay keeps the nightly's own
+    name = REPLAY_SUMMARY if args.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=args.from_db)
     return summary
 
@@ -224,7 +225,7 @@ def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Pa
     """The summary, its JUnit and the page replace the folder's in one step (`replace_report`); the
     previous run's workers' folders go too, unless this is a replay beside that run."""
     def build(folder: Path) -> None:
-        write_json_atomically(folder / name, summary)
+        write_report(folder / name, summary)
         render_folder(folder, shown_as=report_dir)
 
     replaced = (name, junit.CAMPAIGN, "index.html") + (() if keeps_workers else (WORKERS_DIR,))

@@ -18,7 +18,8 @@ from harness.triage.objects import ENTRY_POINTS, check_object, reads_on_every_ca
 from harness.triage.source import check_classes, static_section
 from harness.triage.static import static_triage, triage_classes
 from harness.triage.versions import triage_versions
-from reports.writers import write_json_atomically
+from reports.schema import TRIAGE
+from reports.writers import write_report
 
 
 def run(args) -> int:
@@ -60,8 +61,8 @@ def run(args) -> int:
               "every_call_reads": {entry: [asdict(r) for r in reads] for entry, reads in every_call.items()},
               **static,
               "campaign": {**result.summary(), "oracles": [name for name in oracle_names() if oracles is None or name in oracles]}}
-    write_json_atomically(Path(args.report_dir) / "triage.json", report)
+    write_report(Path(args.report_dir) / TRIAGE, report)
     print(f"{len(breaks)} contract break(s), {len(static['static_breaks'])} static break(s) in "
           f"{len(static['static_classes'])} classes, {len(result.findings)} finding(s) in {result.cases} cases; "
-          f"report: {Path(args.report_dir) / 'triage.json'}")
+          f"report: {Path(args.report_dir) / TRIAGE}")
     return ExitCode.FOUND if breaks or static["static_breaks"] or result.findings else ExitCode.OK

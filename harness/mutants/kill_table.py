@@ -17,7 +17,8 @@ from harness.sharding import WHOLE, Shard
 from harness.targets import ReferenceTarget
 from reports import junit
 from reports.cli import render_folder
-from reports.writers import replace_report, write_json_atomically
+from reports.schema import CLEAN_REFERENCE, MUTANTS as TABLE
+from reports.writers import replace_report, write_report
 
 CUDA_CAMPAIGN_TIMEOUT_S = 300
 
@@ -134,11 +135,11 @@ def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Pa
 
     def build(folder: Path) -> None:
         if clean is not None:
-            write_json_atomically(folder / "mutants-clean.json", clean)
-        write_json_atomically(folder / "mutants.json", rows)
+            write_report(folder / CLEAN_REFERENCE, clean)
+        write_report(folder / TABLE, rows)
         render_folder(folder, shown_as=report_dir)
 
-    replace_report(report_dir, ("mutants.json", "mutants-clean.json", junit.MUTANTS, "index.html"), build)
+    replace_report(report_dir, (TABLE, CLEAN_REFERENCE, junit.MUTANTS, "index.html"), build)
     killed = [r for r in rows if r["killed"]]
     by_campaign = [r for r in killed if r["seconds_to_detect"] is not None]  # the rest: by a contract probe
     seconds = [r["seconds_to_detect"] for r in by_campaign]
@@ -152,7 +153,7 @@ def run_kill_table(*, device: str, examples: int, semantics: str, report_dir: Pa
               f"examples: median {statistics.median(examples_to_detect)}, worst {max(examples_to_detect)}"
               f"{' (no seed cases)' if not seeds else ''}{f' (seed {seed})' if seed is not None else ''}; "
               f"{len(killed) - len(by_campaign)} killed by a contract probe alone")
-    print(f"table: {report_dir / 'mutants.json'}", file=sys.stderr)
+    print(f"table: {report_dir / TABLE}", file=sys.stderr)
     print(f"page: {report_dir / 'index.html'}")
     # a survivor, or a finding on the clean reference: the table cannot vouch for the oracles (the page's BROKEN)
     return ExitCode.OK if len(killed) == len(rows) and not (clean and clean["findings"]) else ExitCode.BROKEN

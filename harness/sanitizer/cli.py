@@ -22,10 +22,10 @@ from harness.sanitizer.binary import find_sanitizer
 from harness.sanitizer.cases import TOOLS, cases_of, get_case
 from harness.sanitizer.runner import run_all
 from harness.sanitizer.sglang_cases import kernel_module
-from reports.folder import SANITIZER as REPORT_NAME
 from reports.folder import SANITIZER_RAW_DIR as RAW_DIR
+from reports.schema import SANITIZER as REPORT_NAME
 from reports.verdict import BROKEN, FOUND, sanitizer_outcome
-from reports.writers import write_json_atomically
+from reports.writers import write_report
 
 
 def _select(args):
@@ -81,8 +81,7 @@ def run(args) -> int:
     try:
         binary = find_sanitizer()
     except EnvironmentBroken as exc:
-        write_json_atomically(report_dir / REPORT_NAME, {"binary": None, "error": str(exc), "ok": False,
-                                                         "results": []})
+        write_report(report_dir / REPORT_NAME, {"binary": None, "error": str(exc), "ok": False, "results": []})
         raise
     print(f"compute-sanitizer {binary.version} ({binary.source}: {binary.path}); tools: {', '.join(tools)}; "
           f"{len(cases)} case(s)", flush=True)
@@ -90,7 +89,7 @@ def run(args) -> int:
                       on_result=lambda r: print(_line(r), flush=True))
     ok = all(r.ok for r in results)
     table = figures(results)
-    write_json_atomically(report_dir / REPORT_NAME, {
+    write_report(report_dir / REPORT_NAME, {
         "binary": binary.as_dict(), "target": args.target, "tools": tools, "cases": [c.name for c in cases],
         "jobs": args.jobs,
         "ok": ok, "figures": table, "results": [r.as_dict() for r in results]})

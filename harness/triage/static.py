@@ -14,7 +14,8 @@ from harness.sglang_target.classes import sglang_classes
 from harness.strategies import with_dims
 from harness.targets import load_target
 from harness.triage.source import check_classes, module_classes, static_section
-from reports.writers import write_json_atomically
+from reports.schema import TRIAGE
+from reports.writers import write_report
 
 
 def triage_classes(session) -> list[type]:
@@ -42,8 +43,8 @@ def static_triage(args) -> int:
         classes = triage_classes(target.open(case, SimDevice()))
         name = getattr(target, "name", args.target)
     section = static_section(check_classes(classes))
-    path = Path(args.report_dir) / "triage.json"
-    write_json_atomically(path, {"target": name, "static_only": True, "static_missing_modules": missing, **section})
+    path = Path(args.report_dir) / TRIAGE
+    write_report(path, {"target": name, "static_only": True, "static_missing_modules": missing, **section})
     print(f"{len(section['static_breaks'])} static break(s) in {len(classes)} classes"
           f"{f' ({len(missing)} module(s) absent: ' + ', '.join(missing) + ')' if missing else ''}; report: {path}")
     return ExitCode.FOUND if section["static_breaks"] else ExitCode.OK

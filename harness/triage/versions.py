@@ -33,7 +33,8 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.sglang_target._api import BACKEND
-from reports.writers import write_json_atomically
+from reports.schema import VERSIONS
+from reports.writers import write_report
 
 BACKEND_FILE = BACKEND.replace(".", "/") + ".py"
 MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -432,7 +433,7 @@ def triage_versions(args) -> int:
                            report_dir / "versions", missing_fails=args.missing_backend_fails)
     outcome = runner.run(versions, bisect=args.bisect,
                          on_result=lambda r: print(f"sglang {r.version}: {r.status}: {r.detail}", flush=True))
-    write_json_atomically(report_dir / "versions.json", outcome.to_json())
+    write_report(report_dir / VERSIONS, outcome.to_json())
     print(render_matrix(outcome))
     for first in outcome.first_every_call_reads():
         print(f"sglang {first['version']}: {first['entry']} now reads self.{first['attribute']} on every call, by "
@@ -444,5 +445,5 @@ def triage_versions(args) -> int:
         print(f"first failing version: {first.version}{since}: {first.status}: {first.detail}")
     else:
         print(f"no failing version among {', '.join(versions)}")
-    print(f"report: {report_dir / 'versions.json'}")
+    print(f"report: {report_dir / VERSIONS}")
     return ExitCode.FOUND if outcome.first_failing else ExitCode.OK
