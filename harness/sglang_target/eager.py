@@ -57,16 +57,11 @@ class EagerPath:
         self.harness_pool = runner.session.token_to_kv_pool  # the harness's indexer-K store lives there
 
     @contextlib.contextmanager
-    def sglang(self, *, start_up: bool = False) -> Iterator[None]:
+    def sglang(self) -> Iterator[None]:
         """The case's SGLang configuration, the host switches and the case's SWA window: what SGLang's code
-        reads while it runs (a launched closure runs after the issuing code left these). `start_up`: for the
-        prefill graph runner's start-up capture, without the case's CP switch: the harness models CP per batch
-        (a rank split of each CP-capable batch, `platform.sglang_config`), and no CP batch replays a prefill graph
-        here, where a CP server captures its buckets through its own CP input, which needs a CP server published."""
-        case = self.case
-        if start_up:
-            case = dataclasses.replace(case, flags=dataclasses.replace(case.flags, cp_active=False))
-        with sglang_config(self.api, case), real_backend.switches(self.api), swa_window(self.api, case.dims.swa_window):
+        reads while it runs (a launched closure runs after the issuing code left these)."""
+        with sglang_config(self.api, self.case), real_backend.switches(self.api), \
+                swa_window(self.api, self.case.dims.swa_window):
             yield
 
     @contextlib.contextmanager

@@ -23,9 +23,11 @@ each the CUDA-graph machinery of a server process that one process without a mod
   ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
   server's largest buckets. A case that replays nothing captures the smallest bucket.
 
-On the other releases (and for the batches that run the harness's layers) the runner object is built with the
-fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's replay first asks for it
-(`CapturedGraphs`).
+On the other releases, and for a case none of whose batches runs the real backend (CP or HiSparse on, whose
+layouts are the harness's), the runner object is built with the fields its `__init__` sets
+(`object_built_runner`), a bucket captured when SGLang's replay first asks for it (`CapturedGraphs`); the
+batches of the real path's case that run the harness's layers (decode, verify, draft-extend) use those captures
+too.
 """
 
 from __future__ import annotations
@@ -171,12 +173,11 @@ class SglangPrefillGraphRunner:
         self.mr, self.api, self.contract = model_runner, api, contract
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
-        if model_runner.eager is None:
+        if model_runner.real_case:  # SGLang captures the buckets the real path replays (`replays_real`)
+            self.runner = self.sglang_built_runner()
+        else:
             self.real = None
             self.runner = self.object_built_runner()
-        else:
-            # The buckets a batch of the real path replays (`SglangModelRunner.replays_real`): SGLang captures them.
-            self.runner = self.sglang_built_runner()
         self._order_registry_fill(self.runner.buffer_registry)
         real_prepare = self.runner._prepare_forward_metadata_for_replay
         self.runner._prepare_forward_metadata_for_replay = (
@@ -203,10 +204,13 @@ class SglangPrefillGraphRunner:
         observer = mr.harness_device.observer
         with contextlib.ExitStack() as stack:
             stack.enter_context(observer.suspended() if observer is not None else contextlib.nullcontext())
-            stack.enter_context(mr.eager.sglang(start_up=True))
+            stack.enter_context(mr.eager.sglang())
             stack.enter_context(self._start_up_patches(graph_runner))
             stack.enter_context(mr.building_graph_runner())
             graph_runner.PrefillCudaGraphRunner.__init__(runner, mr)
+        # A server's start-up is over before its first request: the capture's device work (its dummy batch's writes
+        # to the request table, the captured metadata) has finished before the case's world is loaded.
+        mr.harness_device.synchronize()
         # The device module the runner and its graph backend synchronize on: the model runner's (the simulator's
         # on the CPU); `__init__` ran with the tensors' device, from which it took torch's module for it.
         runner.device_module = runner.backend._device_module = mr.device_module

@@ -454,6 +454,10 @@ class SglangModelRunner:
         self.lora_manager, self.gpu_id, self.dtype = None, 0, torch.bfloat16
         self.attention_layers, self.mha_companion_layers, self.moe_layers, self.moe_fusions = [], [], [], []
         self.server_args = server.server_args()
+        # `BaseRunner.warmup` before the start-up capture prepares the model's kernels (its all-reduce workspaces,
+        # FlashInfer's autotune of its MoE and GEMMs): the harness's model has none, so the model runner is marked
+        # warmed up, as SGLang marks it once its first runner warmed.
+        self._kernel_warmed_up = True
         # One decode-context-parallel rank, as the PR-era eager runner asks it (0.5.21's name, then 0.5.19's).
         self.attn_dcp_size = 1
         self.ps = SimpleNamespace(attn_dcp_size=1)
@@ -696,13 +700,17 @@ class SglangModelRunner:
         finally:
             self.live_batch, self.real_batch = None, False
 
+    @property
+    def real_case(self) -> bool:
+        """Whether the case's batches may run SGLang's metadata init and forward: where the real backend runs,
+        without CP or HiSparse (their layouts and per-layer translations are the harness's)."""
+        flags = self.case.flags
+        return self.eager is not None and not flags.cp_active and not flags.hisparse
+
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
-        too, which SGLang's eager runner runs as EXTEND) where the real backend runs, without CP or HiSparse
-        (their layouts and per-layer translations are the harness's, as in every other batch)."""
-        flags = self.case.flags
-        return (self.eager is not None and fb.forward_mode in (HForwardMode.EXTEND, HForwardMode.MIXED)
-                and not flags.cp_active and not flags.hisparse)
+        too, which SGLang's eager runner runs as EXTEND) of a case that may (`real_case`)."""
+        return self.real_case and fb.forward_mode in (HForwardMode.EXTEND, HForwardMode.MIXED)
 
     def replays_real(self, fb: ForwardBatch) -> bool:
         """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
