@@ -121,6 +121,12 @@ class Coverage(Record):
     full_product: int
     factored: bool | None = None
     combinations_lower_bound: bool | None = None  # merged from parts: the largest part's figure
+    # the coverage-first phase's figures (None in a summary written before it): each value's first place in the
+    # stream (None: never, or only by a replay from the database), the values the campaign cannot draw with why,
+    # and the place by which every other value was reached
+    first_reached: dict[str, dict[str, int | None]] | None = None
+    unreachable: dict[str, dict[str, str]] | None = None
+    reached_by: int | None = None
 
 
 class WorkerRow(Record):
