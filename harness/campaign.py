@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import hashlib
 import json
@@ -53,6 +54,16 @@ def keeps_database(profile: str, seed: Optional[int]) -> bool:
     """Whether a campaign keeps an example database: hypothesis derandomizes the `ci` profile, and a
     derandomized run has none, unless an explicit seed makes it random again."""
     return seed is not None or not PROFILES[profile]["derandomize"]
+
+
+class StreamPhase(str, enum.Enum):
+    """Where a counted case comes from (`cases_log`'s `phase`): a failure replayed from the example database (before
+    the stream), or the stream's seed cases, coverage-first cases (`harness.covering`), drawn cases."""
+
+    DATABASE = "database"
+    SEED = "seed"
+    COVERAGE_FIRST = "coverage-first"
+    DRAWN = "drawn"
 
 
 class FindingRaised(AssertionError):
@@ -251,8 +262,8 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         result.cases += 1
         if not partitioned:
             result.replayed_from_db += 1
-        result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
-                                             position))
+        result.cases_log.append({**_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
+                                                position), "phase": stream_phase(position)})
         result.coverage.add(case, position)
         if judged.findings:
             result.failure_signatures.add(failure_signature(judged))
@@ -334,6 +345,14 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             count(case, schedule, judged, position, partitioned=True)
             if judged.findings and keep_going == 1:
                 raise FailureDealt(judged, schedule)
+
+    def stream_phase(position: Optional[int]) -> StreamPhase:
+        """The part of the stream a counted case belongs to: the seed cases, then the coverage-first phase's."""
+        if position is None:
+            return StreamPhase.DATABASE
+        if position < len(chosen_seeds):
+            return StreamPhase.SEED
+        return StreamPhase.COVERAGE_FIRST if position < len(chosen_seeds) + first.cases else StreamPhase.DRAWN
 
     def drawing() -> bool:
         """Whether a case met now is the stream's next one: not one hypothesis tries while shrinking a failure."""

@@ -85,6 +85,9 @@ class Finding(Record):
     suspect_reasons: list[str] | None = None
 
 
+StreamPhaseName = Literal["database", "seed", "coverage-first", "drawn"]  # harness/campaign.py StreamPhase
+
+
 class CaseRecord(Record):
     """One judged case in `cases_log`, for the plots and the JUnit testcases."""
 
@@ -96,6 +99,7 @@ class CaseRecord(Record):
     graph: bool
     spec: str
     stream: int | None = None  # the case's position in the stream (None: replayed from the database)
+    phase: StreamPhaseName | None = None  # the part of the stream it comes from
     case: str | None = None  # the case's digest
 
 

@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from harness.campaign import run_campaign
+from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.coverage import VALUES, Coverage, describe, merge_tables, values
 from harness.covering import covering_cases, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
 from harness.strategies import PROFILE_BUDGETS, seed_cases
 from harness.targets import ReferenceTarget
+from reports.schema import StreamPhaseName
 from reports.merge import merge_summaries
 
 RESTRICTED = dict(contracts=("bcg",), dims=(("page_size", 256),))  # a release with the breakable graph only
@@ -119,9 +121,17 @@ def test_a_value_the_campaign_cannot_draw_is_named_unreachable_with_the_reason()
 
 
 def test_a_failure_in_the_coverage_first_phase_is_shrunk_by_hypothesis_with_its_replay_command():
-    # without seeds the stream opens with the coverage-first phase, whose first case publishes and mutates: the
-    # mutant is found there, and shrunk by hypothesis as a drawn case is
-    result = run_campaign(mutant_target("snapshot_skipped"), examples=20, seeds=False, mutant="snapshot_skipped")
-    assert result.first_detection_examples == 1 and not result.found_on_seed
-    assert result.shrunk and result.findings
+    # EAGLE publishing is found where a case has an EAGLE-family spec: the phase aims at each (a drawn case has one
+    # only where its spec is what closes publication)
+    result = run_campaign(mutant_target("eagle_publishes"), examples=60, seed=1, seeds=False, mutant="eagle_publishes")
+    found = result.cases_log[-1]
+    assert found["phase"] == StreamPhase.COVERAGE_FIRST and found["outcome"] == "found"
+    assert result.shrunk and result.findings and not result.found_on_seed
+    minimal = result.minimal.case
+    assert found["case"] != case_digest(minimal, "adversarial")  # hypothesis shrank it, within the phase's strategy
+    assert len(minimal.batches) == 1 and minimal.batches[0].num_tokens == 1 and minimal.spec.is_eagle_family()
     assert result.minimal.replay.startswith("python -m harness replay ") and "--case '" in result.minimal.replay
+
+
+def test_the_report_checks_know_every_phase_of_the_stream():
+    assert get_args(StreamPhaseName) == tuple(phase.value for phase in StreamPhase)
