@@ -25,13 +25,13 @@ from typing import Callable, Optional
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case
+from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
 from harness.coverage import BUCKET_EDGES, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, edge, runner
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
-from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, batch, flags,
-                                for_target, large_dims, publishes, skewed_requests, small_dims)
+from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
+                                flags, for_target, large_dims, publishes, skewed_requests, small_dims)
 
 FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 61 values; a case reaches ten or so)
 # The gates of the table and the switch that closes each (READ_DONE off and open need none).
@@ -47,8 +47,8 @@ class Aim:
     """What a covering case pins; hypothesis draws the rest. `closed`: the one condition of the publish decision
     the case closes (a gate of the table, "spec", "bcg", or "open" for none); `spec`: None draws one that agrees
     with `closed`; `graph`: None draws eager or replayed; `reuse`: a second replay of the first batch's bucket;
-    `tokens`: the first batch's token count (None: a small batch of a few requests); `sparse`: the sparse-prefill
-    switch (None: drawn)."""
+    `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
+    drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
 
     closed: str = "open"
     spec: Optional[SpeculativeAlgorithm] = None
@@ -56,6 +56,7 @@ class Aim:
     graph: Optional[bool] = False
     reuse: bool = False
     tokens: Optional[SearchStrategy] = None
+    dims: Optional[Dims] = None
     kinds: tuple[str, ...] = MUTATION_KINDS
     sparse: Optional[bool] = None
     contract: str = "fresh"
@@ -132,7 +133,7 @@ def aimed_case(draw, aim: Aim, *, semantics: str, budget: int) -> Case:
         dims, reqs = draw(small_dims()), draw(REPLAYABLE if aim.graph else ANY_REQUESTS)
     else:
         total = draw(aim.tokens)
-        dims, reqs = draw(large_dims(total, budget)), draw(skewed_requests(total))
+        dims, reqs = aim.dims or draw(large_dims(total, budget)), draw(skewed_requests(total))
     first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes=[aim.mode], kinds_on=set(aim.kinds)))
     batches = [first if aim.graph is None else replace(first, graph=aim.graph)]
     if aim.reuse:
@@ -166,10 +167,11 @@ _BUCKET_SHIFTS = {name: shift for shift, name in BUCKET_EDGES.items()}
 
 def _edge(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
     """A first batch of as many tokens as the edge, where the edge decides: at the sparse threshold (or one off it)
-    with the sparse-prefill switch off, else the threshold decides nothing; at a prefill-graph bucket (or one off
-    it) replayed, which pads to a bucket. Or at neither."""
+    with the sparse-prefill switch off, else the threshold decides nothing, at the sizes the drawn threshold cases
+    have; at a prefill-graph bucket (or one off it) replayed, which pads to a bucket. Or at neither."""
     if value in _THRESHOLD_SHIFTS:
-        return (Aim(tokens=st.just(LARGE_INDEXER_QUERY_THRESHOLD + _THRESHOLD_SHIFTS[value]), sparse=False),)
+        return (Aim(tokens=st.just(LARGE_INDEXER_QUERY_THRESHOLD + _THRESHOLD_SHIFTS[value]), dims=THRESHOLD_DIMS,
+                    sparse=False),)
     if value in _BUCKET_SHIFTS:
         shift = _BUCKET_SHIFTS[value]
         return (Aim(tokens=st.sampled_from([b + shift for b in BUCKETS if b + shift <= budget]), graph=True),)

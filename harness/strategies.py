@@ -213,6 +213,13 @@ def small_dims(draw) -> Dims:
     )
 
 
+# The sizes of a case at the sparse threshold: one SWA layer of one small head, so that its 11673 tokens cost a
+# fraction of a second on the CPU (a compressed layer's indexer at that count costs seconds a forward), with DSV4's
+# page size.
+THRESHOLD_DIMS = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,),
+                      index_align=8)
+
+
 @st.composite
 def threshold_batch(draw, *, hisparse: bool) -> Batch:
     """Exactly around SGLang's sparse threshold, where the snapshot and the forward must agree."""
@@ -296,9 +303,7 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
         # SGLang's real threshold, with every gate open so the snapshot's decision is published.
         f = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
         spec = draw(st.sampled_from([S.DFLASH, S.DSPARK] + ([S.NONE] if semantics != "pr" else [])))
-        dims = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,),
-                    index_align=8)
-        return Case(semantics=semantics, spec=spec, flags=f, dims=dims,
+        return Case(semantics=semantics, spec=spec, flags=f, dims=THRESHOLD_DIMS,
                     batches=(draw(threshold_batch(hisparse=f.hisparse)),), data_seed=draw(st.integers(0, 2**16)))
     dims = draw(small_dims())
     # Graph replays of one geometry, back to back: the bucket's captured metadata is reused, and a
