@@ -91,11 +91,6 @@ class EnoughFailures(BaseException):
     `Exception`, so hypothesis stops drawing instead of shrinking it."""
 
 
-class CoverageReached(BaseException):
-    """Raised inside the coverage-first phase's hypothesis test once every value it can reach is reached: not an
-    `Exception`, so hypothesis stops drawing, and the stream goes on with the drawn cases."""
-
-
 class CampaignInterrupted(BaseException):
     """Raised inside the hypothesis test when a stop was requested: not an `Exception`, so that
     hypothesis does not take it for a failure to shrink, but stops and lets it through."""
@@ -360,13 +355,16 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
 
     def covering_case(case, schedule, *, partitioned: bool, handle):
         """A case of the coverage-first phase: the stream keeps it only if it reaches a value no case before it
-        reached (hypothesis draws another instead), and the phase ends once every reachable value is reached. A
-        failure replayed from the database (not `partitioned`) or shrunk is judged as it is."""
-        if partitioned and drawing() and not first.keeps(case, schedule):
-            reject()
+        reached (hypothesis draws another instead). Once every reachable value is reached the phase is over: the
+        draws left of its examples are neither kept nor judged (raising to stop hypothesis would store the draw in
+        the example database, as it stores any example that raises). A failure replayed from the database (not
+        `partitioned`) or shrunk is judged as it is."""
+        if partitioned and drawing():
+            if first.complete:
+                return
+            if not first.keeps(case, schedule):
+                reject()
         handle(case, schedule, partitioned=partitioned)
-        if partitioned and drawing() and first.complete:
-            raise CoverageReached()
 
     def drawn_case(case, schedule, *, handle):
         """A case drawn after the coverage-first phase; one the phase judged already is drawn again: hypothesis
@@ -415,10 +413,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             if not drawn_phases:
                 return
             if first_cases > 0 and not first.complete:
-                with contextlib.suppress(CoverageReached):
-                    hypothesis_test(drawn_phases, cases_covering,
-                                    functools.partial(covering_case, partitioned=True, handle=handle),
-                                    examples=first_cases, part=";coverage-first", shrinks=shrinks)()
+                hypothesis_test(drawn_phases, cases_covering, functools.partial(covering_case, partitioned=True,
+                                                                                handle=handle),
+                                examples=first_cases, part=";coverage-first", shrinks=shrinks)()
             hypothesis_test(drawn_phases, cases_drawn, functools.partial(drawn_case, handle=handle),
                             examples=base["max_examples"] - first.cases, shrinks=shrinks)()
 

@@ -135,3 +135,11 @@ def test_a_failure_in_the_coverage_first_phase_is_shrunk_by_hypothesis_with_its_
 
 def test_the_report_checks_know_every_phase_of_the_stream():
     assert get_args(StreamPhaseName) == tuple(phase.value for phase in StreamPhase)
+
+
+def test_a_clean_campaign_stores_nothing_in_the_example_database(tmp_path):
+    # the coverage-first phase ends without raising: hypothesis stores any example that raises, and a clean case
+    # stored there was replayed by every later campaign of the folder
+    result = run_campaign(ReferenceTarget(), examples=60, seed=1, seeds=False, shrink=False, database_dir=tmp_path)
+    assert result.summary()["coverage"]["reached_by"] and not result.findings
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]
