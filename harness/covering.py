@@ -12,7 +12,9 @@ target can run.
 A case's values are a function of the case alone (`coverage.values`), so the phase's state is what
 the stream's cases reached so far (`CoverageFirst`), the same on every shard whichever cases it
 judges. The campaign keeps a drawn case only if it reaches a value not yet reached, and ends the
-phase once every value it can reach is reached. The values no case of the campaign can have (a gate
+phase once every value it can reach is reached. The aim itself is drawn, not chosen from that state:
+hypothesis replays a case's choices to shrink it and from the example database, and a strategy that
+depended on the state would draw another case from them. The values no case of the campaign can have (a gate
 its target cannot run) are `unreachable`, each with the reason, and the summary names them.
 """
 
