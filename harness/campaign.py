@@ -6,15 +6,18 @@ folder, so a nightly failure replays from it; shared databases (`harness.example
 on other hosts too.
 
 A campaign with a database runs in two passes: first the failures stored in the database, replayed
-by every shard; then the seed cases and the drawn ones, the case stream, of which a shard
-(`harness.sharding`) judges only its own part. Keeping the replays out of the stream keeps the
-stream the same for every shard whatever the database holds.
+by every shard; then the case stream, of which a shard (`harness.sharding`) judges only its own
+part: the seed cases, the coverage-first cases (`harness.covering`: drawn, each reaching a value of
+the coverage table no case before it reached, until every value it can reach is reached), and the
+drawn ones. Keeping the replays out of the stream keeps the stream the same for every shard whatever
+the database holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import hashlib
 import json
@@ -28,14 +31,15 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 from unittest import SkipTest
 
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, reject, settings
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.conjecture.engine import ConjectureRunner
 
 from harness.case import GRAPH_CONTRACTS
 from harness.choices import PROFILES
-from harness.coverage import Coverage
+from harness.coverage import VALUES, Coverage
+from harness.covering import FIRST_CASES, CoverageFirst, covering_cases, unreachable
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
 from harness.example_db import database_scope, open_database
@@ -50,6 +54,16 @@ def keeps_database(profile: str, seed: Optional[int]) -> bool:
     """Whether a campaign keeps an example database: hypothesis derandomizes the `ci` profile, and a
     derandomized run has none, unless an explicit seed makes it random again."""
     return seed is not None or not PROFILES[profile]["derandomize"]
+
+
+class StreamPhase(str, enum.Enum):
+    """Where a counted case comes from (`cases_log`'s `phase`): a failure replayed from the example database (before
+    the stream), or the stream's seed cases, coverage-first cases (`harness.covering`), drawn cases."""
+
+    DATABASE = "database"
+    SEED = "seed"
+    COVERAGE_FIRST = "coverage-first"
+    DRAWN = "drawn"
 
 
 class FindingRaised(AssertionError):
@@ -204,18 +218,23 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         raise InvalidArgument(f"{flag}: the {profile!r} profile is derandomized and keeps no example database (dev and "
                               "nightly do, and so does any profile with --seed)")
     # The seeds count as examples: --examples N runs N cases in all.
-    without = without | getattr(target, "cannot_run", frozenset())
     dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))
     contracts = getattr(target, "graph_contracts", GRAPH_CONTRACTS)
+    cannot_run = getattr(target, "cannot_run", frozenset())
+    impossible = unreachable(without=without, cannot_run=cannot_run, contracts=contracts)
+    reachable = tuple(value for value in VALUES if value not in impossible)
+    without = without | cannot_run
     chosen_seeds = (seed_cases(semantics, without, dims, contracts)[: max(0, base["max_examples"] - 1)]
                     if seeds else [])
     base["max_examples"] -= len(chosen_seeds)
+    first_cases = min(FIRST_CASES, base["max_examples"] - 1)  # the coverage-first phase's most: the drawn cases keep one
     db = None if base["derandomize"] else open_database(database_dir, shared_databases)
     if from_db and db is None:
         raise InvalidArgument("--from-db: no example database to replay from (no report folder, no --example-db)")
     result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile,
                             shard=shard, stand_ins=list(getattr(target, "stand_ins", [])), jobs=jobs,
-                            target_description=getattr(target, "description", ""), without=sorted(without))
+                            target_description=getattr(target, "description", ""), without=sorted(without),
+                            coverage=Coverage(unreachable=impossible))
     start = time.perf_counter()
 
     failing: dict[tuple[str, str], CaseResult] = {}
@@ -230,6 +249,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
     dealt: deque = deque()  # --jobs: (position, case, schedule, future) of the cases dealt and not yet counted
     replaying_to: Optional[tuple[str, str]] = None  # --jobs: the failure the replay of the stream stops at
     shrink_from = 0.0  # when the shrinking began (perf_counter)
+    first = CoverageFirst(frozenset(reachable))  # the coverage-first phase of the stream's current run (`run_stream`)
 
     def count(case, schedule, judged, position: Optional[int], *, partitioned: bool) -> None:
         """One case of the campaign counted, in stream order (not one tried while shrinking)."""
@@ -237,9 +257,9 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         result.cases += 1
         if not partitioned:
             result.replayed_from_db += 1
-        result.cases_log.append(_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
-                                             position))
-        result.coverage.add(case)
+        result.cases_log.append({**_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
+                                                position), "phase": stream_phase(position)})
+        result.coverage.add(case, position)
         if judged.findings:
             result.failure_signatures.add(failure_signature(judged))
         on_case(result)
@@ -321,27 +341,94 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             if judged.findings and keep_going == 1:
                 raise FailureDealt(judged, schedule)
 
-    def hypothesis_test(phases, *, partitioned: bool, handle=campaign_case, shrinks: bool = True):
+    def stream_phase(position: Optional[int]) -> StreamPhase:
+        """The part of the stream a counted case belongs to: the seed cases, then the coverage-first phase's."""
+        if position is None:
+            return StreamPhase.DATABASE
+        if position < len(chosen_seeds):
+            return StreamPhase.SEED
+        return StreamPhase.COVERAGE_FIRST if position < len(chosen_seeds) + first.cases else StreamPhase.DRAWN
+
+    def drawing() -> bool:
+        """Whether a case met now is the stream's next one: not one hypothesis tries while shrinking a failure."""
+        return replaying_to is not None or result.first_detection_seconds is None or keep_going > 1
+
+    def covering_case(case, schedule, *, partitioned: bool, handle):
+        """A case of the coverage-first phase: the stream keeps it only if it reaches a value no case before it
+        reached (hypothesis draws another instead). Once every reachable value is reached the phase is over: the
+        draws left of its examples are neither kept nor judged (raising to stop hypothesis would store the draw in
+        the example database, as it stores any example that raises). A failure replayed from the database (not
+        `partitioned`) or shrunk is judged as it is."""
+        if partitioned and drawing():
+            if first.complete:
+                return
+            if not first.keeps(case, schedule):
+                reject()
+        handle(case, schedule, partitioned=partitioned)
+
+    def drawn_case(case, schedule, *, handle):
+        """A case drawn after the coverage-first phase; one the phase judged already is drawn again: hypothesis
+        draws each test's simplest case first, and the simplest drawn case is also the simplest one aimed at the
+        table's first value (an EXTEND batch)."""
+        if drawing() and (case.to_json(), schedule) in first.kept:
+            reject()
+        handle(case, schedule, partitioned=True)
+
+    cases_drawn = cases(semantics, budget=PROFILE_BUDGETS[profile], without=without, dims=dims, contracts=contracts)
+    cases_covering = covering_cases(semantics, budget=PROFILE_BUDGETS[profile], reachable=reachable, dims=dims,
+                                    contracts=contracts)
+
+    def hypothesis_test(phases, strategy, body, *, examples: int, part: str = "", explicit: Sequence = (),
+                        shrinks: bool = True):
+        """`body(case, schedule)` on the cases of `strategy`; `part` keeps the coverage-first phase's failures
+        apart from the drawn ones' in the example database (and its stream apart under a derandomized profile)."""
         hypothesis_shrinks = shrinks and shrink and keep_going == 1  # --keep-going's failures are shrunk afterwards
 
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
-                  print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False, **base)
-        @given(case=cases(semantics, budget=PROFILE_BUDGETS[profile], without=without, dims=dims,
-                          contracts=contracts),
-               schedule=schedules() if device == "cpu" else _adversarial())
+                  print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                  **{**base, "max_examples": examples})
+        @given(case=strategy, schedule=schedules() if device == "cpu" else _adversarial())
         def test(case, schedule):
-            handle(case, schedule, partitioned=partitioned)  # the same code in every pass: one derandomized stream
+            body(case, schedule)  # the same code in every pass: one derandomized stream
 
         test.hypothesis.inner_test._hypothesis_internal_add_digest = database_scope(
-            target_spec=target_spec, mutant=mutant, semantics=semantics, device=device)
-        if partitioned:
-            for case in reversed(chosen_seeds):
-                test = example(case=case, schedule="adversarial")(test)
+            target_spec=target_spec, mutant=mutant, semantics=semantics, device=device) + part.encode()
+        for case in reversed(explicit):
+            test = example(case=case, schedule="adversarial")(test)
         return _seeded(test, seed) if seed is not None else test
 
-    def serial_pass(phases, *, partitioned: bool) -> None:
+    def run_stream(phases, *, handle=campaign_case, shrinks: bool = True) -> None:
+        """The case stream, from its start: the seed cases (`Phase.explicit`), the coverage-first cases, the drawn
+        ones. The coverage-first phase starts from what the seeds reach, and how many cases it keeps sets how many
+        are drawn after it."""
+        nonlocal first
+        first = CoverageFirst(frozenset(reachable))
+        for case in chosen_seeds:
+            first.add(case)
+        drawn_phases = [phase for phase in phases if phase is not Phase.explicit]
         with pinned_stream():
-            hypothesis_test(phases, partitioned=partitioned)()
+            if chosen_seeds and Phase.explicit in phases:
+                hypothesis_test([Phase.explicit], cases_drawn, functools.partial(handle, partitioned=True),
+                                examples=1, explicit=chosen_seeds, shrinks=shrinks)()
+            if not drawn_phases:
+                return
+            if first_cases > 0 and not first.complete:
+                hypothesis_test(drawn_phases, cases_covering, functools.partial(covering_case, partitioned=True,
+                                                                                handle=handle),
+                                examples=first_cases, part=";coverage-first", shrinks=shrinks)()
+            hypothesis_test(drawn_phases, cases_drawn, functools.partial(drawn_case, handle=handle),
+                            examples=base["max_examples"] - first.cases, shrinks=shrinks)()
+
+    def database_pass() -> None:
+        """The failures stored in the example database, of the coverage-first phase and of the drawn cases; none
+        is part of the stream."""
+        with pinned_stream():
+            for strategy, body, part in (
+                    (cases_covering, functools.partial(covering_case, partitioned=False, handle=campaign_case),
+                     ";coverage-first"),
+                    (cases_drawn, functools.partial(campaign_case, partitioned=False), "")):
+                with contextlib.suppress(SkipTest):  # nothing stored for this part
+                    hypothesis_test([Phase.reuse], strategy, body, examples=base["max_examples"], part=part)()
 
     def dealt_pass(phases) -> None:
         """--jobs: the case stream dealt to the children, counted in stream order. At its first failure
@@ -351,8 +438,7 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         nonlocal replaying_to
         try:
             try:
-                with pinned_stream():
-                    hypothesis_test(phases, partitioned=True, handle=deal, shrinks=False)()
+                run_stream(phases, handle=deal, shrinks=False)
             except CampaignInterrupted:
                 settle(every_case=True)  # the cases in flight finish and count, as the one in flight does
                 raise
@@ -365,21 +451,17 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
         if not shrink or result.found_on_seed or result.interrupted:
             raise FindingRaised(failure)  # a seed's failure is shrunk below, as one judged one at a time
         replaying_to = key
-        serial_pass(phases, partitioned=True)
+        run_stream(phases)
         print(f"warning: the replay of the stream did not meet its failing case {case_digest(failure.case, schedule)}: "
               "shrunk greedily instead of by hypothesis", file=sys.stderr)
         raise FindingRaised(failure, by_hypothesis=False)
 
     main_phases = [Phase.explicit] if from_db else [Phase.explicit, Phase.generate, Phase.target]
-    passes = ([functools.partial(serial_pass, [Phase.reuse], partitioned=False)] if db is not None else []) + [
-        functools.partial(dealt_pass, main_phases) if jobs > 1 else
-        functools.partial(serial_pass, main_phases, partitioned=True)]
+    passes = ([database_pass] if db is not None else []) + [
+        functools.partial(dealt_pass, main_phases) if jobs > 1 else functools.partial(run_stream, main_phases)]
     try:
         for run_pass in passes:
-            try:
-                run_pass()
-            except SkipTest:  # hypothesis had no case to run: an empty database, or no seed to replay
-                continue
+            run_pass()
     except FindingRaised as raised:
         result.minimal = raised.result
         if shrink and (result.found_on_seed or not raised.by_hypothesis) and not result.interrupted:

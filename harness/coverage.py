@@ -1,19 +1,24 @@
 """The protocol's shapes a campaign reached, batch by batch, and the ones it never reached.
 
 A shape is one value per dimension: forward mode, speculative algorithm, eager / first graph replay
-/ reused bucket, the expected publish decision, the gate that closes it, a mutation kind, sparse or
-dense, and where the token count sits against a graph bucket or the sparse threshold. The full
-product has hundreds of thousands of shapes, most of which no batch can have (an IDLE batch has no
-tokens to be sparse), so the table is factored: one count per value of each dimension, plus the
-number of distinct combinations reached. A value with count 0 is listed as never reached.
+/ reused bucket, the mode as the runner that ran it (eager or graph replay), the graph contract of a
+replay, the expected publish decision, the gate that closes it, a mutation kind, sparse or dense,
+and where the token count sits against a graph bucket or the sparse threshold. The full product has
+millions of shapes, most of which no batch can have (an IDLE batch has no tokens to be sparse), so
+the table is factored: one count per value of each dimension, plus the number of distinct
+combinations reached. A value with count 0 is listed as never reached, or, where the campaign cannot
+draw it at all (a gate its target cannot run), as unreachable with the reason. Each value also keeps
+the place in the case stream of the first case that reached it, which shows how soon a campaign
+covers the table (the coverage-first phase, `harness.covering`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple, Optional
 
-from harness.case import MUTATION_KINDS, Case
+from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
 from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
@@ -22,12 +27,27 @@ from harness.policy import GRAPH_MAX_BS, expected_publish, graph_bucket, runs_gr
 GRAPH_PHASES = ("eager", "first graph replay", "reused bucket")
 GATES = ("open", "READ_DONE off", "coarse barrier", "cp_active", "hisparse", "hierarchical_cache",
          "hicache_storage", "lmcache")
+# the edges a token count can sit at: its offset from the sparse threshold, or from a prefill-graph bucket
+THRESHOLD_EDGES = {0: "threshold", 1: "threshold+1", -1: "threshold-1"}
+BUCKET_EDGES = {0: "bucket", 1: "bucket+1", -1: "bucket-1"}
 EDGES = ("bucket-1", "bucket", "bucket+1", "threshold-1", "threshold", "threshold+1", "no edge")
 TOKEN_DECADES = ("1-9", "10-99", "100-999", "1000-9999", "10000+")
+# Every mode through both runners (an IDLE batch never replays): a draft or verify batch replayed by the graph
+# runner takes another path through the backend than one the eager runner runs.
+RUNNERS = tuple((mode, graph) for mode in ForwardMode for graph in (False, True)
+                if not (graph and mode is ForwardMode.IDLE))
+
+
+def runner(mode: ForwardMode, graph: bool) -> str:
+    return f"{mode.name} {'graph' if graph else 'eager'}"
+
+
 DIMENSIONS = {
     "mode": tuple(m.name for m in ForwardMode),
     "spec": tuple(s.name for s in SpeculativeAlgorithm),
     "graph": GRAPH_PHASES,
+    "runner": tuple(runner(mode, graph) for mode, graph in RUNNERS),
+    "contract": GRAPH_CONTRACTS,  # of a batch the graph runner replays
     "publish": ("publish", "no publish"),
     "gate": GATES,
     "mutation": MUTATION_KINDS,
@@ -36,6 +56,19 @@ DIMENSIONS = {
     "tokens": TOKEN_DECADES,
 }
 _BUCKETS = frozenset(generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS))
+
+
+class Value(NamedTuple):
+    """One value of one dimension of the table."""
+
+    dimension: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.dimension} {self.value}"
+
+
+VALUES = tuple(Value(name, value) for name, values in DIMENSIONS.items() for value in values)
 
 
 def full_product_size() -> int:
@@ -60,10 +93,10 @@ def gate(case: Case) -> str:
 
 def edge(num_tokens: int) -> str:
     """Where a token count sits: at a prefill-graph bucket (or one off it), or at the sparse threshold."""
-    for offset, name in ((0, "threshold"), (1, "threshold+1"), (-1, "threshold-1")):
+    for offset, name in THRESHOLD_EDGES.items():
         if num_tokens == LARGE_INDEXER_QUERY_THRESHOLD + offset:
             return name
-    for offset, name in ((0, "bucket"), (1, "bucket+1"), (-1, "bucket-1")):
+    for offset, name in BUCKET_EDGES.items():
         if num_tokens - offset in _BUCKETS:
             return name
     return "no edge"
@@ -86,6 +119,7 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
         sparse = batch.mode is ForwardMode.EXTEND and (
             rows > LARGE_INDEXER_QUERY_THRESHOLD or case.flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
         common = {"mode": batch.mode.name, "spec": case.spec.name, "graph": phase,
+                  "runner": runner(batch.mode, graph), "contract": case.graph_contract if graph else "",
                   "publish": "publish" if expected_publish(case, batch)[0] else "no publish", "gate": gate(case),
                   "attention": "sparse" if sparse else "dense", "edge": edge(batch.num_tokens),
                   "tokens": decade(batch.num_tokens) if batch.requests else ""}
@@ -94,44 +128,95 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
     return shapes
 
 
+def values(case: Case) -> set[Value]:
+    """Every value the case's batches reach: a function of the case alone, so it is known once the case is drawn."""
+    return {Value(name, value) for shape in batch_shapes(case) for name, value in shape.items() if value}
+
+
 @dataclass
 class Coverage:
+    """`unreachable`: the values the campaign cannot draw, with the reason (`covering.unreachable`)."""
+
+    unreachable: Mapping[Value, str] = field(default_factory=dict)
     counts: dict[str, Counter] = field(default_factory=lambda: {d: Counter() for d in DIMENSIONS})
     combinations: Counter = field(default_factory=Counter)
+    first_reached: dict[Value, int] = field(default_factory=dict)  # value -> 1-based place in the case stream
 
-    def add(self, case: Case) -> None:
+    def add(self, case: Case, position: Optional[int] = None) -> None:
+        """`position`: the case's place in the case stream, 0 first; None for a failure replayed from the example
+        database, which runs before the stream (it counts, but reaches nothing first). Cases are added in
+        stream order, so the first place kept is the smallest."""
         for shape in batch_shapes(case):
             for name, value in shape.items():
                 if value:
                     self.counts[name][value] += 1
             self.combinations[tuple(shape[d] for d in DIMENSIONS)] += 1
+        if position is not None:
+            for value in values(case):
+                self.first_reached.setdefault(value, position + 1)
 
     def to_dict(self) -> dict:
-        return {
-            "factored": True,
-            "full_product": full_product_size(),
-            "combinations_reached": len(self.combinations),
-            "dimensions": {name: {value: self.counts[name][value] for value in values}
-                           for name, values in DIMENSIONS.items()},
-            "unreached": {name: [v for v in values if not self.counts[name][v]]
-                          for name, values in DIMENSIONS.items() if any(not self.counts[name][v] for v in values)},
-        }
+        return {**_table(self.counts, self.first_reached, self.unreachable),
+                "combinations_reached": len(self.combinations)}
 
 
-def merge_tables(tables: list[dict]) -> dict:
-    """The coverage of several parts of one campaign (shards, workers): counts add up. Their distinct
-    combinations cannot be united from counts alone, so the merged figure is the largest part's, a
-    lower bound, and says so."""
-    counts = {name: Counter() for name in DIMENSIONS}
-    for table in tables:
-        for name, values in table["dimensions"].items():
-            counts.setdefault(name, Counter()).update(values)
+def _table(counts: Mapping[str, Counter], first_reached: Mapping[Value, int], unreachable: Mapping[Value, str]) -> dict:
+    """The table's figures: a value never reached is `unreachable` (with the reason) where the campaign cannot
+    draw it, else `unreached`; `reached_by`: the place in the stream by which every other value was reached
+    (None while one is unreached)."""
+    never = [v for v in VALUES if not counts[v.dimension][v.value]]
+    unreached = [v for v in never if v not in unreachable]
+    impossible = [v for v in never if v in unreachable]
     return {
         "factored": True,
         "full_product": full_product_size(),
-        "combinations_reached": max(t["combinations_reached"] for t in tables),
-        "combinations_lower_bound": len(tables) > 1,
         "dimensions": {name: {value: counts[name][value] for value in values} for name, values in DIMENSIONS.items()},
-        "unreached": {name: [v for v in values if not counts[name][v]]
-                      for name, values in DIMENSIONS.items() if any(not counts[name][v] for v in values)},
+        "first_reached": {name: {value: first_reached.get(Value(name, value)) for value in values}
+                          for name, values in DIMENSIONS.items()},
+        "unreached": {name: [v.value for v in unreached if v.dimension == name]
+                      for name in dict.fromkeys(v.dimension for v in unreached)},
+        "unreachable": {name: {v.value: unreachable[v] for v in impossible if v.dimension == name}
+                        for name in dict.fromkeys(v.dimension for v in impossible)},
+        "reached_by": None if unreached else max(first_reached.values(), default=None),
     }
+
+
+def merge_tables(tables: list[dict]) -> dict:
+    """The coverage of several parts of one campaign (shards, workers): counts add up, and a value was first
+    reached at the smallest place any part reached it (the parts number the same case stream). Their distinct
+    combinations cannot be united from counts alone, so the merged figure is the largest part's, a lower
+    bound, and says so."""
+    counts = {name: Counter() for name in DIMENSIONS}
+    first: dict[Value, int] = {}
+    unreachable: dict[Value, str] = {}
+    for table in tables:
+        for name, values in table["dimensions"].items():
+            counts.setdefault(name, Counter()).update(values)
+        for name, places in table.get("first_reached", {}).items():
+            for value, place in places.items():
+                if place is not None:
+                    first[Value(name, value)] = min(place, first.get(Value(name, value), place))
+        for name, reasons in table.get("unreachable", {}).items():
+            unreachable.update({Value(name, value): reason for value, reason in reasons.items()})
+    return {**_table(counts, first, unreachable),
+            "combinations_reached": max(t["combinations_reached"] for t in tables),
+            "combinations_lower_bound": len(tables) > 1}
+
+
+_LISTED = 8  # the values never reached that the terminal's line names; a campaign stopped at its first case has ~50
+
+
+def describe(table: dict) -> str:
+    """The table in one line for the terminal: by which case every value was reached, or the values never reached;
+    and the values this campaign cannot reach, with why."""
+    reached = sum(1 for name, values in table["dimensions"].items() for count in values.values() if count)
+    never = [f"{name} {value}" for name, values in table["unreached"].items() for value in values]
+    impossible = [f"{name} {value} ({reason})" for name, reasons in table["unreachable"].items()
+                  for value, reason in reasons.items()]
+    if never:
+        listed = never[:_LISTED] + ([f"and {len(never) - _LISTED} more (summary.json lists them)"]
+                                    if len(never) > _LISTED else [])
+        text = f"{reached} of {len(VALUES)} values reached; never reached: {', '.join(listed)}"
+    else:
+        text = f"every {'reachable ' if impossible else ''}value reached by case {table['reached_by']}"
+    return text + (f"; unreachable here: {'; '.join(impossible)}" if impossible else "")

@@ -78,7 +78,8 @@ PROFILE_BUDGETS = {"dev": 12_000, "ci": 12_000, "nightly": 2_000_000}
 BUCKETS = generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
 MAX_TOKENS = 32_768
 MAX_PREFIX = 16_384
-_DECADES = [(1, 9), (10, 99), (100, 999), (1000, 9999), (10_000, MAX_TOKENS)]
+DECADES = [(1, 9), (10, 99), (100, 999), (1000, 9999), (10_000, MAX_TOKENS)]
+DELAYS = [0, 20_000_000, 100_000_000]  # a drawn case's delay of the scheduler's mutations, in cycles
 # A MIXED batch a quarter of the time: eager, every release runs it as EXTEND (it publishes), replayed it
 # does not, and both readings are bugs someone has written.
 _MODES = [ForwardMode.EXTEND] * 8 + [ForwardMode.MIXED] * 4 + [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY,
@@ -145,8 +146,8 @@ def requests(max_requests: int = 4, max_prefix: int = 48, max_extend: int = 24, 
 
 # A graph replay pads to the smallest bucket (4 tokens) and refuses beyond twice the real count, so a
 # batch of one token never replays: the requests of replayed geometries extend by two tokens or more.
-_REPLAYABLE = st.one_of(requests(min_extend=2), requests(max_requests=2, max_prefix=300, max_extend=40, min_extend=2))
-_ANY_REQUESTS = st.one_of(requests(), requests(max_requests=2, max_prefix=300, max_extend=40))
+REPLAYABLE = st.one_of(requests(min_extend=2), requests(max_requests=2, max_prefix=300, max_extend=40, min_extend=2))
+ANY_REQUESTS = st.one_of(requests(), requests(max_requests=2, max_prefix=300, max_extend=40))
 
 
 @st.composite
@@ -154,7 +155,7 @@ def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_o
     modes = modes or _MODES
     mode = draw(st.sampled_from([m for m in modes if modes_on is None or m in modes_on] or modes))
     if reqs is None:
-        reqs = draw(_ANY_REQUESTS)
+        reqs = draw(ANY_REQUESTS)
     muts = draw(mutations(hisparse=hisparse, kinds_on=kinds_on))
     if mode is ForwardMode.IDLE:  # nothing in flight: the scheduler still rewrites rows of other requests
         reqs = ()
@@ -168,7 +169,7 @@ def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_o
 def token_total(draw, limit: int) -> int:
     """A batch's token count: one decade drawn evenly, then a count in it; or a graph bucket edge."""
     if draw(st.booleans()):
-        low, high = draw(st.sampled_from([d for d in _DECADES if d[0] <= limit]))
+        low, high = draw(st.sampled_from([d for d in DECADES if d[0] <= limit]))
         total = draw(st.integers(low, min(high, limit)))
     else:
         total = draw(st.sampled_from(BUCKETS + [LARGE_INDEXER_QUERY_THRESHOLD])) + draw(st.sampled_from([-1, 0, 1]))
@@ -203,6 +204,23 @@ def large_dims(draw, total: int, budget: int) -> Dims:
 
 
 @st.composite
+def small_dims(draw) -> Dims:
+    """The sizes of a small case: a few heads and layers, small windows and pages."""
+    return Dims(
+        heads=draw(st.sampled_from([1, 2])), head_dim=draw(st.sampled_from([4, 8])),
+        swa_window=draw(st.sampled_from([4, 8, 16])), index_topk=draw(st.sampled_from([2, 4])),
+        index_dim=4, page_size=draw(st.sampled_from([1, 2, 4, 8, 16])), layer_ratios=draw(st.sampled_from(_LAYERS)),
+    )
+
+
+# The sizes of a case at the sparse threshold: one SWA layer of one small head, so that its 11673 tokens cost a
+# fraction of a second on the CPU (a compressed layer's indexer at that count costs seconds a forward), with DSV4's
+# page size.
+THRESHOLD_DIMS = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,),
+                      index_align=8)
+
+
+@st.composite
 def threshold_batch(draw, *, hisparse: bool) -> Batch:
     """Exactly around SGLang's sparse threshold, where the snapshot and the forward must agree."""
     # the threshold itself twice as often as a side: `>` read as `>=`, or as `> threshold - 1`, differs
@@ -221,7 +239,12 @@ def cases(semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFIL
     target's `cannot_run`); `dims`: (field, value) pairs every case's `Dims` takes (the target's
     `fixed_dims`); `contracts`: the graph contracts the target has (its `graph_contracts`). Both are set
     after the draw, so the choices drawn, and a target's stream, stay those of the default ones."""
-    drawn = _cases(semantics, large=large, budget=budget, without=without)
+    return for_target(_cases(semantics, large=large, budget=budget, without=without), dims, contracts)
+
+
+def for_target(drawn, dims: tuple[tuple[str, object], ...], contracts: tuple[str, ...]):
+    """Cases of `drawn` at the target's fixed sizes and replayed under its graph contracts (`cases`), mapped only
+    where the target has either, so that a default campaign's strategy stays the one it draws."""
     if dims:
         drawn = drawn.map(functools.partial(with_dims, dims=dims))
     if contracts != GRAPH_CONTRACTS:
@@ -280,15 +303,9 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
         # SGLang's real threshold, with every gate open so the snapshot's decision is published.
         f = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
         spec = draw(st.sampled_from([S.DFLASH, S.DSPARK] + ([S.NONE] if semantics != "pr" else [])))
-        dims = Dims(heads=1, head_dim=4, swa_window=8, index_topk=4, index_dim=4, page_size=256, layer_ratios=(0,),
-                    index_align=8)
-        return Case(semantics=semantics, spec=spec, flags=f, dims=dims,
+        return Case(semantics=semantics, spec=spec, flags=f, dims=THRESHOLD_DIMS,
                     batches=(draw(threshold_batch(hisparse=f.hisparse)),), data_seed=draw(st.integers(0, 2**16)))
-    dims = Dims(
-        heads=draw(st.sampled_from([1, 2])), head_dim=draw(st.sampled_from([4, 8])),
-        swa_window=draw(st.sampled_from([4, 8, 16])), index_topk=draw(st.sampled_from([2, 4])),
-        index_dim=4, page_size=draw(st.sampled_from([1, 2, 4, 8, 16])), layer_ratios=draw(st.sampled_from(_LAYERS)),
-    )
+    dims = draw(small_dims())
     # Graph replays of one geometry, back to back: the bucket's captured metadata is reused, and a
     # batch that does not publish follows one that did (the mailbox must have been cleared). Both need
     # a first batch that publishes, an EXTEND; one or two replays follow it, each a chance for both.
@@ -300,7 +317,7 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
              else draw(st.sampled_from(["single", "pair", "idle_step"])) if closed == "mode"
              else draw(st.sampled_from(["single", "replay_reuse", "replay_reuse", "pair", "idle_step", "bucket_change"])))
     replays = shape in ("replay_reuse", "bucket_change")
-    first = draw(batch(hisparse=f.hisparse, reqs=draw(_REPLAYABLE) if replays else None,
+    first = draw(batch(hisparse=f.hisparse, reqs=draw(REPLAYABLE) if replays else None,
                        modes=[ForwardMode.EXTEND] if replays else first_modes, modes_on=first_modes_on,
                        kinds_on=kinds_on))
     batches = [first]
@@ -323,7 +340,7 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
                                   kinds_on=kinds_on)))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
                 graph_contract=contract,
-                delay_cycles=draw(st.sampled_from([0, 20_000_000, 100_000_000])),
+                delay_cycles=draw(st.sampled_from(DELAYS)),
                 data_seed=draw(st.integers(0, 2**16)))
 
 

@@ -85,6 +85,9 @@ class Finding(Record):
     suspect_reasons: list[str] | None = None
 
 
+StreamPhaseName = Literal["database", "seed", "coverage-first", "drawn"]  # harness/campaign.py StreamPhase
+
+
 class CaseRecord(Record):
     """One judged case in `cases_log`, for the plots and the JUnit testcases."""
 
@@ -96,6 +99,7 @@ class CaseRecord(Record):
     graph: bool
     spec: str
     stream: int | None = None  # the case's position in the stream (None: replayed from the database)
+    phase: StreamPhaseName | None = None  # the part of the stream it comes from
     case: str | None = None  # the case's digest
 
 
@@ -121,6 +125,12 @@ class Coverage(Record):
     full_product: int
     factored: bool | None = None
     combinations_lower_bound: bool | None = None  # merged from parts: the largest part's figure
+    # the coverage-first phase's figures (None in a summary written before it): each value's first place in the
+    # stream (None: never, or only by a replay from the database), the values the campaign cannot draw with why,
+    # and the place by which every other value was reached
+    first_reached: dict[str, dict[str, int | None]] | None = None
+    unreachable: dict[str, dict[str, str]] | None = None
+    reached_by: int | None = None
 
 
 class WorkerRow(Record):

@@ -12,6 +12,7 @@ from typing import Optional
 from harness.campaign import check_jobs, keeps_database, run_campaign
 from harness.choices import AUTO_JOBS_MAX, PROFILES
 from harness.commands.options import parse_without
+from harness.coverage import describe as describe_coverage
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
@@ -98,6 +99,8 @@ def _print_result(args, summary: dict, *, device, semantics, target, shard, repo
         print(f"  race gates: {gate_counts(gates)}")
     for warning in gate_warnings(gates):
         print(f"  warning: {warning}", file=sys.stderr)
+    if summary.get("coverage") and not args.quiet:
+        print(f"  coverage: {describe_coverage(summary['coverage'])}")
     for replay, findings in failures.items():
         for finding in findings:
             print(f"  [{finding['oracle']}/{finding['kind']}] {finding['message']}")

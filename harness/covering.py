@@ -1,0 +1,202 @@
+"""Coverage-first cases: the first drawn cases of a campaign reach every value of the coverage table.
+
+Drawn at random, a campaign of 60 cases left values of the table unreached (an IDLE batch, a DECODE
+replay, a gate, the sparse threshold), and a bug that lives only there went unseen however good the
+oracles. The coverage-first phase draws, after the seed cases, cases each aimed at one value of the
+table (`covering_cases`): the value's aim pins what the value needs (a mode, a gate, a token count,
+a second replay of one bucket, ...) and hypothesis draws everything else with the campaign's own
+strategies, within the same rules: a case closes at most one condition of the publish decision, its
+geometry stays within the profile's budget, it has only the switches, sizes and graph contracts its
+target can run.
+
+A case's values are a function of the case alone (`coverage.values`), so the phase's state is what
+the stream's cases reached so far (`CoverageFirst`), the same on every shard whichever cases it
+judges. The campaign keeps a drawn case only if it reaches a value not yet reached, and ends the
+phase once every value it can reach is reached. The aim itself is drawn, not chosen from that state:
+hypothesis replays a case's choices to shrink it and from the example database, and a strategy that
+depended on the state would draw another case from them. The values no case of the campaign can have (a gate
+its target cannot run) are `unreachable`, each with the reason, and the summary names them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
+from harness.coverage import BUCKET_EDGES, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, edge, runner
+from harness.coverage import values as values_of
+from harness.model.enums import ForwardMode, SpeculativeAlgorithm
+from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
+from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
+                                flags, for_target, large_dims, publishes, skewed_requests, small_dims)
+
+FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 61 values; a case reaches ten or so)
+# The gates of the table and the switch that closes each (READ_DONE off and open need none).
+GATE_SWITCHES = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse",
+                 **{name: name for name in KV_OFFLOAD}}
+# A second replay of a bucket: modes that keep the batch's requests (a MIXED batch gains a decode request, which
+# can move it to the next bucket).
+_REUSING_MODES = [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY]
+
+
+@dataclass(frozen=True)
+class Aim:
+    """What a covering case pins; hypothesis draws the rest. `closed`: the one condition of the publish decision
+    the case closes (a gate of the table, "spec", "bcg", or "open" for none); `spec`: None draws one that agrees
+    with `closed`; `graph`: None draws eager or replayed; `reuse`: a second replay of the first batch's bucket;
+    `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
+    drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
+
+    closed: str = "open"
+    spec: Optional[SpeculativeAlgorithm] = None
+    mode: ForwardMode = ForwardMode.EXTEND
+    graph: Optional[bool] = False
+    reuse: bool = False
+    tokens: Optional[SearchStrategy] = None
+    dims: Optional[Dims] = None
+    kinds: tuple[str, ...] = MUTATION_KINDS
+    sparse: Optional[bool] = None
+    contract: str = "fresh"
+
+
+def unreachable(*, without: frozenset[str], cannot_run: frozenset[str],
+                contracts: tuple[str, ...] = GRAPH_CONTRACTS) -> dict[Value, str]:
+    """The values no case of a campaign can have, each with why: a gate whose switch it never turns on (--without,
+    or a switch the target cannot run), HiSparse's eviction without HiSparse, a graph contract the target lacks."""
+    def off(switch: str) -> Optional[str]:
+        return (f"the target cannot run {switch}" if switch in cannot_run
+                else f"--without {switch}" if switch in without else None)
+
+    reasons = {Value("gate", name): off(switch) for name, switch in GATE_SWITCHES.items()}
+    reasons[Value("mutation", "hisparse_evict")] = off("hisparse") and f"needs hisparse: {off('hisparse')}"
+    reasons.update({Value("contract", c): f"the target replays its prefill graph under {' and '.join(contracts)} only"
+                    for c in GRAPH_CONTRACTS if c not in contracts})
+    return {value: reason for value, reason in reasons.items() if reason}
+
+
+@dataclass
+class CoverageFirst:
+    """The coverage-first phase of one run of the case stream: the values its cases reached so far, the seed
+    cases' included, whichever shard judges them; `kept`: the phase's cases, with their schedule."""
+
+    reachable: frozenset[Value]
+    reached: set[Value] = field(default_factory=set)
+    kept: set[tuple[str, str]] = field(default_factory=set)
+
+    @property
+    def cases(self) -> int:
+        return len(self.kept)
+
+    def add(self, case: Case) -> None:
+        self.reached |= values_of(case)
+
+    def keeps(self, case: Case, schedule: str) -> bool:
+        """Whether `case` reaches a value the stream has not reached yet; if so it is one of the phase's cases."""
+        if not values_of(case) & (self.reachable - self.reached):
+            return False
+        self.add(case)
+        self.kept.add((case.to_json(), schedule))
+        return True
+
+    @property
+    def complete(self) -> bool:
+        return self.reachable <= self.reached
+
+
+def covering_cases(semantics: str, *, budget: int, reachable: tuple[Value, ...],
+                   dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS):
+    """Cases each aimed at one of `reachable` (drawn), at the target's sizes and graph contracts (`cases`)."""
+    return for_target(st.sampled_from(reachable).flatmap(
+        functools.partial(aimed_at, semantics=semantics, budget=budget)), dims, contracts)
+
+
+@functools.lru_cache(maxsize=None)
+def aimed_at(value: Value, *, semantics: str, budget: int) -> SearchStrategy[Case]:
+    """Cases that reach `value`: one of its aims, drawn. Built once for each value, as hypothesis works out a new
+    strategy's properties before its first draw."""
+    return st.one_of([aimed_case(aim, semantics=semantics, budget=budget)
+                      for aim in _AIMS[value.dimension](value.value, semantics, budget)])
+
+
+@st.composite
+def aimed_case(draw, aim: Aim, *, semantics: str, budget: int) -> Case:
+    closed, offloads = ("KV offload", (aim.closed,)) if aim.closed in KV_OFFLOAD else (aim.closed, KV_OFFLOAD)
+    f = draw(flags(semantics, closed, offloads))
+    if aim.sparse is not None:
+        f = replace(f, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=aim.sparse)
+    spec = aim.spec or draw(st.sampled_from([s for s in SpeculativeAlgorithm
+                                             if publishes(s, semantics) != (closed == "spec")]))
+    if aim.tokens is None:
+        dims, reqs = draw(small_dims()), draw(REPLAYABLE if aim.graph else ANY_REQUESTS)
+    else:
+        total = draw(aim.tokens)
+        dims, reqs = aim.dims or draw(large_dims(total, budget)), draw(skewed_requests(total))
+    first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes=[aim.mode], kinds_on=set(aim.kinds)))
+    batches = [first if aim.graph is None else replace(first, graph=aim.graph)]
+    if aim.reuse:
+        again = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=_REUSING_MODES, kinds_on=set(aim.kinds)))
+        batches.append(replace(again, graph=True))
+    return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches), graph_contract=aim.contract,
+                delay_cycles=draw(st.sampled_from(DELAYS)), data_seed=draw(st.integers(0, 2**16)))
+
+
+# -- the aims of each value, by dimension: (value, semantics, budget) -> aims ----------------------------------------
+
+def _mode(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+    mode = ForwardMode[value]
+    return (Aim(mode=mode, graph=False if mode is ForwardMode.IDLE else None),)
+
+
+def _spec(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+    spec = SpeculativeAlgorithm[value]
+    return (Aim(spec=spec, closed="open" if publishes(spec, semantics) else "spec"),)
+
+
+_PHASES = {"eager": Aim(graph=False), "first graph replay": Aim(graph=True), "reused bucket": Aim(graph=True, reuse=True)}
+_RUNNERS = {runner(mode, graph): Aim(mode=mode, graph=graph) for mode, graph in RUNNERS}
+# A batch that must not publish, each for another reason: the switch off, its spec, its mode.
+_CLOSING = (Aim(closed="READ_DONE off"), Aim(closed="spec"), *(
+    Aim(mode=mode, graph=False) for mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,
+                                             ForwardMode.IDLE)))
+_THRESHOLD_SHIFTS = {name: shift for shift, name in THRESHOLD_EDGES.items()}
+_BUCKET_SHIFTS = {name: shift for shift, name in BUCKET_EDGES.items()}
+
+
+def _edge(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+    """A first batch of as many tokens as the edge, where the edge decides: at the sparse threshold (or one off it)
+    with the sparse-prefill switch off, else the threshold decides nothing, at the sizes the drawn threshold cases
+    have; at a prefill-graph bucket (or one off it) replayed, which pads to a bucket. Or at neither."""
+    if value in _THRESHOLD_SHIFTS:
+        return (Aim(tokens=st.just(LARGE_INDEXER_QUERY_THRESHOLD + _THRESHOLD_SHIFTS[value]), dims=THRESHOLD_DIMS,
+                    sparse=False),)
+    if value in _BUCKET_SHIFTS:
+        shift = _BUCKET_SHIFTS[value]
+        return (Aim(tokens=st.sampled_from([b + shift for b in BUCKETS if b + shift <= budget]), graph=True),)
+    return (Aim(tokens=st.integers(1, 999).filter(lambda n: edge(n) == "no edge")),)
+
+
+def _tokens(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+    low, high = DECADES[TOKEN_DECADES.index(value)]
+    return (Aim(tokens=st.integers(low, min(high, budget))),)
+
+
+_AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
+    "mode": _mode,
+    "spec": _spec,
+    "graph": lambda value, semantics, budget: (_PHASES[value],),
+    "runner": lambda value, semantics, budget: (_RUNNERS[value],),
+    "contract": lambda value, semantics, budget: (Aim(graph=True, contract=value,
+                                                      closed="bcg" if value == "bcg" else "open"),),
+    "publish": lambda value, semantics, budget: (Aim(),) if value == "publish" else _CLOSING,
+    "gate": lambda value, semantics, budget: (Aim(closed=value),),
+    "mutation": lambda value, semantics, budget: (Aim(kinds=(value,),
+                                                      closed="hisparse" if value == "hisparse_evict" else "open"),),
+    "attention": lambda value, semantics, budget: (Aim(sparse=value == "sparse"),),
+    "edge": _edge,
+    "tokens": _tokens,
+}

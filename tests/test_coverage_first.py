@@ -1,0 +1,145 @@
+"""Coverage-first streams (issue 30): the first drawn cases of a campaign reach every value of the coverage
+table, each value keeps the case that first reached it, and a value the campaign cannot draw is named
+unreachable with the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import get_args
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from harness.campaign import StreamPhase, case_digest, run_campaign
+from harness.coverage import VALUES, Coverage, describe, merge_tables, values
+from harness.covering import covering_cases, unreachable
+from harness.mutants.corpus import mutant_target
+from harness.sharding import Shard
+from harness.strategies import PROFILE_BUDGETS, seed_cases
+from harness.targets import ReferenceTarget
+from reports.schema import StreamPhaseName
+from reports.merge import merge_summaries
+
+RESTRICTED = dict(contracts=("bcg",), dims=(("page_size", 256),))  # a release with the breakable graph only
+
+
+def _aimed(value, semantics: str, **target):
+    return covering_cases(semantics, budget=PROFILE_BUDGETS["ci"], reachable=(value,), **target)
+
+
+@pytest.mark.parametrize("value", VALUES, ids=str)
+@pytest.mark.parametrize("semantics", ["0.5.23", "pr"])
+def test_every_value_has_cases_that_reach_it_valid_and_within_the_budget(value, semantics):
+    # what the coverage-first phase counts on: a case aimed at a value has it, for a restricted target too
+    targets = [{}] + ([RESTRICTED] if value not in unreachable(without=frozenset(), cannot_run=frozenset(),
+                                                                 contracts=RESTRICTED["contracts"]) else [])
+
+    for target in targets:
+        @settings(max_examples=8, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(case=_aimed(value, semantics, **target))
+        def reaches(case):
+            case.validate()
+            assert value in values(case)
+            assert case.graph_contract in target.get("contracts", ("fresh", "bcg"))
+            for batch in case.batches:
+                assert batch.num_tokens * len(case.dims.layer_ratios) * case.dims.heads <= PROFILE_BUDGETS["ci"] + 1
+
+        reaches()
+
+
+@pytest.mark.parametrize("seeds", [True, False], ids=["seeds", "no-seeds"])
+def test_run_examples_60_reaches_every_value_of_the_coverage_table(tmp_path, seeds):
+    # the issue's check, on the reference and the CPU; about 40 s a run on a quiet machine (BENCHMARKS section 14)
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--examples", "60",
+                          *([] if seeds else ["--no-seeds"]), "--report-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    coverage = json.loads((tmp_path / "summary.json").read_text())["coverage"]
+    assert coverage["unreached"] == {} and coverage["unreachable"] == {}
+    assert all(count for counts in coverage["dimensions"].values() for count in counts.values())
+    last = max(place for places in coverage["first_reached"].values() for place in places.values())
+    assert coverage["reached_by"] == last <= 60
+    assert f"  coverage: every value reached by case {last}\n" in out.stdout
+    page = (tmp_path / "index.html").read_text()
+    assert f"the last first at case {last}" in page and "(case 1)" in page
+
+
+def test_first_reached_is_the_place_in_the_stream_and_merges_across_shards_to_the_whole_campaigns(tmp_path):
+    options = dict(examples=14, seed=4, seeds=False, shrink=False)
+    whole = run_campaign(ReferenceTarget(), **options).summary()
+    parts = [run_campaign(ReferenceTarget(), shard=Shard(k, 2), **options).summary() for k in (1, 2)]
+    merged = merge_summaries([(f"shard{k}", part) for k, part in enumerate(parts, 1)])
+    assert merged["coverage"]["first_reached"] == whole["coverage"]["first_reached"]
+    assert merged["coverage"]["dimensions"] == whole["coverage"]["dimensions"]
+    # each shard numbers the cases of the one stream: a value its part reached first keeps the stream's place
+    firsts = [p["coverage"]["first_reached"] for p in parts]
+    for name, places in whole["coverage"]["first_reached"].items():
+        for value, place in places.items():
+            assert place == min(filter(None, (f[name][value] for f in firsts)), default=None)
+    assert whole["coverage"]["first_reached"]["mode"]["EXTEND"] == 1
+
+
+def test_first_reached_keeps_the_first_place_and_a_database_replay_reaches_nothing_first():
+    coverage = Coverage()
+    extend, replayed = seed_cases("0.5.23")[:2]
+    coverage.add(replayed)  # replayed from the example database: before the stream, no place in it
+    coverage.add(extend, 0)
+    coverage.add(replayed, 1)
+    coverage.add(extend, 2)
+    table = coverage.to_dict()
+    assert table["first_reached"]["graph"] == {"eager": 1, "first graph replay": 2, "reused bucket": None}
+    once = Coverage()
+    once.add(replayed)
+    assert table["dimensions"]["graph"]["first graph replay"] == 2 * once.counts["graph"]["first graph replay"]  # counted
+    assert merge_tables([table, {**table, "first_reached": {}}])["first_reached"] == table["first_reached"]
+
+
+class _BreakableOnlyWithoutCp(ReferenceTarget):
+    """A target like a release that replays its prefill graph under the breakable contract only and cannot run CP."""
+
+    graph_contracts = ("bcg",)
+    cannot_run = frozenset({"cp_active"})
+
+
+def test_a_value_the_campaign_cannot_draw_is_named_unreachable_with_the_reason():
+    result = run_campaign(_BreakableOnlyWithoutCp(), examples=45, seed=2, seeds=False, shrink=False,
+                          without=frozenset({"hisparse"}))
+    coverage = result.summary()["coverage"]
+    assert coverage["unreachable"] == {
+        "contract": {"fresh": "the target replays its prefill graph under bcg only"},
+        "gate": {"cp_active": "the target cannot run cp_active", "hisparse": "--without hisparse"},
+        "mutation": {"hisparse_evict": "needs hisparse: --without hisparse"},
+    }
+    never = {(name, value) for name, reasons in coverage["unreachable"].items() for value in reasons}
+    assert all(coverage["dimensions"][name][value] == 0 for name, value in never)  # no case drew one
+    assert coverage["unreached"] == {} and coverage["reached_by"]  # and every other value was reached
+    line = describe(coverage)
+    assert line.startswith("every reachable value reached by case ")
+    assert "gate cp_active (the target cannot run cp_active)" in line
+
+
+def test_a_failure_in_the_coverage_first_phase_is_shrunk_by_hypothesis_with_its_replay_command():
+    # EAGLE publishing is found where a case has an EAGLE-family spec: the phase aims at each (a drawn case has one
+    # only where its spec is what closes publication)
+    result = run_campaign(mutant_target("eagle_publishes"), examples=60, seed=1, seeds=False, mutant="eagle_publishes")
+    found = result.cases_log[-1]
+    assert found["phase"] == StreamPhase.COVERAGE_FIRST and found["outcome"] == "found"
+    assert result.shrunk and result.findings and not result.found_on_seed
+    minimal = result.minimal.case
+    assert found["case"] != case_digest(minimal, "adversarial")  # hypothesis shrank it, within the phase's strategy
+    assert len(minimal.batches) == 1 and minimal.batches[0].num_tokens == 1 and minimal.spec.is_eagle_family()
+    assert result.minimal.replay.startswith("python -m harness replay ") and "--case '" in result.minimal.replay
+
+
+def test_the_report_checks_know_every_phase_of_the_stream():
+    assert get_args(StreamPhaseName) == tuple(phase.value for phase in StreamPhase)
+
+
+def test_a_clean_campaign_stores_nothing_in_the_example_database(tmp_path):
+    # the coverage-first phase ends without raising: hypothesis stores any example that raises, and a clean case
+    # stored there was replayed by every later campaign of the folder
+    result = run_campaign(ReferenceTarget(), examples=60, seed=1, seeds=False, shrink=False, database_dir=tmp_path)
+    assert result.summary()["coverage"]["reached_by"] and not result.findings
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]
