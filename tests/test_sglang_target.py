@@ -366,7 +366,7 @@ def test_an_import_failure_names_sglangs_failing_line(target, monkeypatch):
 def test_interface_contract_on_the_real_backend_names_the_reading_line(target, harness_device):
     """The real DeepseekV4AttnBackend as the target builds it meets the contract; without
     `token_to_kv_pool` (the CI break after #35947) the report names the attribute and sglang's line."""
-    from harness.triage.objects import check_object
+    from harness.contracts.objects import check_object
 
     session = target.open(Case(dims=DIMS, batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
     backend = session.model_runner.attn_backend

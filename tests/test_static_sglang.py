@@ -28,9 +28,9 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: the s
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
 
 from harness.case import Batch, Case, Request
+from harness.contracts.source import check_class, check_classes
 from harness.device import make_device
 from harness.strategies import with_dims
-from harness.triage.source import check_class, check_classes
 from harness.triage.static import triage_classes
 
 ASSIGNMENT = re.compile(r"^\s*self\.token_to_kv_pool(:[^=]+)? = .*\n", re.MULTILINE)

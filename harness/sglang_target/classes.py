@@ -1,14 +1,14 @@
 """The classes of the real SGLang modules the sglang target drives, for the source check (the `contract`
-oracle and `triage`). SGLang's part of the static check; the analyser itself (`harness.triage.source`)
+oracle and `triage`). SGLang's part of the static check; the analyser itself (`harness.contracts.source`)
 knows nothing of SGLang."""
 
 from __future__ import annotations
 
 import importlib
 
+from harness.contracts.source import module_classes
 from harness.errors import EnvironmentBroken
 from harness.sglang_target import _api
-from harness.triage.source import module_classes
 
 # The real SGLang modules the sglang target drives, and the eager runner, whose call sequence it replicates.
 SGLANG_MODULES = (_api.BACKEND, _api.BASE_BACKEND, _api.SPARSE_UTILS, _api.GRAPH_RUNNER, _api.BASE_GRAPH_RUNNER,
