@@ -201,7 +201,7 @@ class Summary(Record):
     telemetry: Telemetry | None = None
 
 
-# -- mutants.json and mutants-clean.json: harness/mutants/kill_table.py, reports/merge.py merge_mutants --------
+# -- mutants.json and mutants-clean.json: harness/kill_table.py, reports/merge.py merge_mutants ----------------
 
 class MutantRow(Record):
     name: str
