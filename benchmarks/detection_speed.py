@@ -10,7 +10,7 @@ import argparse
 import json
 import statistics
 
-from harness.mutants.kill_table import kill_table
+from harness.kill_table import kill_table
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.kill_table import judge_mutant
 from harness.mutants.corpus import MUTANTS
-from harness.mutants.kill_table import judge_mutant
 
 
 @pytest.mark.parametrize("semantics", ["0.5.23", "pr"])

@@ -211,7 +211,7 @@ class Summary(Record):
     telemetry: Telemetry | None = None
 
 
-# -- mutants.json and mutants-clean.json: harness/mutants/kill_table.py, reports/merge.py merge_mutants --------
+# -- mutants.json and mutants-clean.json: harness/kill_table.py, reports/merge.py merge_mutants ----------------
 
 class MutantRow(Record):
     name: str
@@ -240,7 +240,7 @@ class CleanReference(Record):
 # -- triage.json (harness/commands/triage.py, harness/triage/static.py) and versions.json (harness/triage/versions.py)
 
 class ContractBreak(Record):
-    """harness/triage/objects.py Break: an attribute missing on the object as built."""
+    """harness/contracts/objects.py Break: an attribute missing on the object as built."""
 
     cls: str
     attribute: str
@@ -250,7 +250,7 @@ class ContractBreak(Record):
 
 
 class EveryCallRead(Record):
-    """harness/triage/objects.py Read: an attribute an entry point reads on every call."""
+    """harness/contracts/objects.py Read: an attribute an entry point reads on every call."""
 
     attribute: str
     call_path: list[str]
@@ -285,7 +285,7 @@ class SubclassHook(Record):
 
 
 class StaticTriage(Record):
-    """The source check (harness/triage/source.py static_section)."""
+    """The source check (harness/contracts/source.py static_section)."""
 
     target: str
     static_breaks: list[StaticBreak] | None = None

@@ -65,6 +65,15 @@ def test_help_version_and_usage_errors_do_not_load_torch(argv):
     assert ("exit 0" if argv[-1] in ("--help", "--version") else "exit 2") in done.stdout, done.stdout + done.stderr
 
 
+def test_importing_the_error_types_loads_no_floor_above_them():
+    """Every module of the harness imports `harness.errors` first, which runs `harness/__init__.py`: the
+    package's public names (the campaign among them) must load on first use, not then (DESIGN.md, "Layers")."""
+    probe = "import sys, harness.errors\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'harness'))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.strip() == "['harness', 'harness.errors']", done.stdout + done.stderr
+
+
 def test_version_names_the_harness():
     done = harness("--version")
     assert done.returncode == 0 and done.stdout.startswith("python -m harness "), done.stdout + done.stderr

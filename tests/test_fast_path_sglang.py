@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import prepare_triton
 
 prepare_triton()
 
@@ -21,7 +21,7 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: --tar
 from harness.case import Batch, Case, Dims, Flags, Mutation, Request
 from harness.engine import run_case
 from harness.hb import Checkpoint, Recorded
-from harness.sglang_target._api import load_api
+from harness.sglang_target.api import load_api
 from harness.sglang_target.real_backend import fixed_dims
 from harness.targets.protocol import Publish, first
 

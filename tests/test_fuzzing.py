@@ -11,9 +11,9 @@ from types import MappingProxyType
 
 from hypothesis import HealthCheck, given, settings
 
+from harness import kill_table
 from harness.campaign import failure_signature, run_campaign
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
-from harness.mutants import kill_table
 from harness.mutants.corpus import mutant_target
 from harness.strategies import (CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases,
                                 with_dims)

@@ -259,7 +259,7 @@ def test_telemetry_as_the_run_command_writes_it(tmp_path):
 def test_static_only_triage_and_versions_as_their_commands_write_them(tmp_path):
     from dataclasses import asdict
 
-    from harness.triage.source import StaticBreak
+    from harness.contracts.source import StaticBreak
     from harness.triage.versions import VersionResult, VersionsOutcome
 
     broke = StaticBreak("DeepseekV4AttnBackend", "token_to_kv_pool", "init_forward_metadata", "backend.py", 88)

@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import prepare_triton
 
 if importlib.util.find_spec("sglang") is None:  # asked before prepare_triton touches this process's Triton
     pytest.skip("the sglang package is not installed: SGLang's kernels need `pip install --no-deps "

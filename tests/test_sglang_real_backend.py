@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import prepare_triton
 
 prepare_triton()
 
@@ -54,7 +54,7 @@ class Request:
 
 @pytest.fixture(scope="module")
 def api():
-    from harness.sglang_target._api import load_api
+    from harness.sglang_target.api import load_api
 
     api = load_api()
     if api.kernels_on != "cpu":
@@ -574,7 +574,7 @@ def test_the_observer_sees_the_real_forwards_reads(api, snapshot):
 # -- timing (not a test) ---------------------------------------------------------------------------------------
 
 def timing() -> None:
-    from harness.sglang_target._api import load_api
+    from harness.sglang_target.api import load_api
 
     api = load_api()
     for label, requests in (("~300 tokens", [Request(1, 100, 200), Request(3, 40, 90)]),

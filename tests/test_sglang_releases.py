@@ -8,7 +8,7 @@ file on 0.5.23 and on the oldest PR-era release, 0.5.19 (`.ci/run`); skipped wit
 
 from __future__ import annotations
 
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import prepare_triton
 
 prepare_triton()
 
@@ -27,7 +27,7 @@ from harness.device import make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
-from harness.sglang_target._api import load_api  # noqa: E402
+from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402

@@ -13,7 +13,7 @@ import inspect
 import textwrap
 from types import SimpleNamespace
 
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import prepare_triton
 
 prepare_triton()
 
@@ -30,7 +30,7 @@ from harness.device import SimDevice, make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
-from harness.sglang_target._api import load_api  # noqa: E402
+from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
@@ -92,7 +92,7 @@ def test_the_summary_lists_what_the_real_forward_runs_on_stood_in(target, harnes
 def test_kernels_run_on_the_device_and_the_other_device_is_refused(target, harness_device):
     """One process defines SGLang's Triton kernels for one device kind; a session on the other is an
     environment error that names the TRITON_INTERPRET setting, not a Triton failure deep in a kernel."""
-    from harness.sglang_target._api import RetiledKernel
+    from harness.sglang_target.api import RetiledKernel
 
     api = target.api
     assert api.kernels_on == harness_device, api.describe()
@@ -183,7 +183,7 @@ SPARSE_WITH_REWRITE = Case(dims=DIMS, batches=(Batch(requests=(Request(6, 5), Re
 
 def test_seeded_break_snapshot_skips_the_build_is_reported(target, harness_device, monkeypatch):
     """The installed package broken: the snapshot claims PRE_REPLAY without building the cache."""
-    from harness.sglang_target._api import load_api
+    from harness.sglang_target.api import load_api
 
     api = load_api()
     monkeypatch.setattr(api.backend_cls, "_snapshot_prefill_shared_reads",
@@ -273,7 +273,7 @@ def test_a_case_at_other_sizes_is_refused(target, harness_device):
 def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
     """Large batches launch the real combine kernel (and the V4 dequantizer) with a wider tile; the outputs must
     not change."""
-    from harness.sglang_target._api import RetiledKernel
+    from harness.sglang_target.api import RetiledKernel
 
     if target.api.kernels_on != "cpu":
         pytest.skip("the retiled launch is the interpreter's; compiled kernels keep SGLang's launch")
@@ -297,7 +297,7 @@ def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
     if not target.api.generation.real_backend:
         return
     # the V4 cache's dequantizer, which the real forward runs over the SWA and compressed caches
-    from harness.sglang_target._api import DEQUANT
+    from harness.sglang_target.api import DEQUANT
     from harness.sglang_target.jit_kernels import fused_store_flashmla_v4, v4_page_bytes
 
     dequant = importlib.import_module(DEQUANT)
@@ -319,17 +319,17 @@ def test_a_case_of_other_semantics_is_refused(target, harness_device):
 
 
 def test_a_missing_sglang_name_is_an_environment_error(target, monkeypatch):
-    from harness.sglang_target import _api
+    from harness.sglang_target import api as sglang_api
 
-    api = _api.load_api()
+    api = sglang_api.load_api()
     monkeypatch.delattr(api.mods["spec"].SpeculativeAlgorithm, "supports_prefill_shared_read_done")
-    _api.load_api.cache_clear()
+    sglang_api.load_api.cache_clear()
     try:
         with pytest.raises(EnvironmentBroken, match="supports_prefill_shared_read_done") as info:
-            _api.load_api()
+            sglang_api.load_api()
         assert info.value.exit_code == 3
     finally:
-        _api.load_api.cache_clear()
+        sglang_api.load_api.cache_clear()
 
 
 def test_an_import_failure_names_sglangs_failing_line(target, monkeypatch):
@@ -337,7 +337,7 @@ def test_an_import_failure_names_sglangs_failing_line(target, monkeypatch):
     API change would) is an environment error naming the module, the error and sglang's failing line."""
     import importlib
 
-    from harness.sglang_target import _api
+    from harness.sglang_target import api as sglang_api
 
     real_import = importlib.import_module
 
@@ -347,26 +347,26 @@ def test_an_import_failure_names_sglangs_failing_line(target, monkeypatch):
     planted.__code__ = planted.__code__.replace(co_filename="/x/sglang/srt/planted.py", co_firstlineno=1)
 
     def failing(name, *args):
-        if name == _api.BACKEND:
+        if name == sglang_api.BACKEND:
             planted()  # raises from "sglang/srt/planted.py", line 2
         return real_import(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", failing)
-    _api.load_api.cache_clear()
+    sglang_api.load_api.cache_clear()
     try:
         with pytest.raises(EnvironmentBroken) as info:
-            _api.load_api()
+            sglang_api.load_api()
     finally:
-        _api.load_api.cache_clear()
+        sglang_api.load_api.cache_clear()
     assert info.value.exit_code == 3
-    assert (f"cannot import {_api.BACKEND} (RuntimeError: planted, at sglang/srt/planted.py:2)"
+    assert (f"cannot import {sglang_api.BACKEND} (RuntimeError: planted, at sglang/srt/planted.py:2)"
             in str(info.value)), str(info.value)
 
 
 def test_interface_contract_on_the_real_backend_names_the_reading_line(target, harness_device):
     """The real DeepseekV4AttnBackend as the target builds it meets the contract; without
     `token_to_kv_pool` (the CI break after #35947) the report names the attribute and sglang's line."""
-    from harness.triage.objects import check_object
+    from harness.contracts.objects import check_object
 
     session = target.open(Case(dims=DIMS, batches=(Batch(requests=(Request(3, 5),)),)), make_device(harness_device))
     backend = session.model_runner.attn_backend

@@ -1,5 +1,5 @@
 """The recording stand-in for a compiled extension SGLang imports but that cannot be loaded here
-(`harness/sglang_target/_api.py`): imported where it is missing, never where it loads; a call is
+(`harness/sglang_target/api.py`): imported where it is missing, never where it loads; a call is
 recorded with its caller and raises the BROKEN error; a swallowed call is still found after the case."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harness.errors import EnvironmentBroken
-from harness.sglang_target._api import StandIns, StandInUsed
+from harness.sglang_target.api import StandIns, StandInUsed
 
 MISSING = "harness_test_missing_extension"
 

@@ -17,12 +17,12 @@ import pytest
 
 from harness.case import Batch, Case, Request
 from harness.cli import main
+from harness.contracts.objects import check_object
+from harness.contracts.source import check_class, check_classes
 from harness.device import SimDevice
 from harness.model import backend as reference_backend
 from harness.model.runners import ModelRunner
 from harness.targets import Classes, ReferenceTarget
-from harness.triage.objects import check_object
-from harness.triage.source import check_class, check_classes
 from harness.triage.static import triage_classes
 
 ASSIGNMENT = "        self.token_to_kv_pool = model_runner.token_to_kv_pool\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import prepare_triton
 
 # Before sglang (which imports triton) and only where sglang is here, as the target chooses: a
 # process-wide TRITON_INTERPRET set at collection would make every later Triton kernel of a GPU run
@@ -28,9 +28,9 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: the s
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
 
 from harness.case import Batch, Case, Request
+from harness.contracts.source import check_class, check_classes
 from harness.device import make_device
 from harness.strategies import with_dims
-from harness.triage.source import check_class, check_classes
 from harness.triage.static import triage_classes
 
 ASSIGNMENT = re.compile(r"^\s*self\.token_to_kv_pool(:[^=]+)? = .*\n", re.MULTILINE)
@@ -38,7 +38,7 @@ ASSIGNMENT = re.compile(r"^\s*self\.token_to_kv_pool(:[^=]+)? = .*\n", re.MULTIL
 
 @pytest.fixture(scope="module")
 def api():
-    from harness.sglang_target._api import load_api
+    from harness.sglang_target.api import load_api
 
     return load_api()
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from harness.case import Batch, Case, Request
+from harness.contracts.objects import check_object, reads_on_every_call
 from harness.device import SimDevice
 from harness.model.backend import DeepseekV4AttnBackend
 from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget
-from harness.triage.objects import check_object, reads_on_every_call
 
 
 def built_backend(target):

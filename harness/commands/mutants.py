@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import ExitCode
+from harness.kill_table import run_kill_table
 from harness.mutants.corpus import MUTANTS
-from harness.mutants.kill_table import run_kill_table
 from harness.sharding import Shard
 from reports.writers import refuse_other_runs
 

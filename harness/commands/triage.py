@@ -9,13 +9,13 @@ from pathlib import Path
 from harness.campaign import run_campaign
 from harness.case import Batch, Case, Request
 from harness.commands.options import check_semantics
+from harness.contracts.objects import ENTRY_POINTS, check_object, reads_on_every_call
+from harness.contracts.source import check_classes, static_section
 from harness.device import make_device, resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names, parse_oracles
 from harness.strategies import with_dims
 from harness.targets import load_target
-from harness.triage.objects import ENTRY_POINTS, check_object, reads_on_every_call
-from harness.triage.source import check_classes, static_section
 from harness.triage.static import static_triage, triage_classes
 from harness.triage.versions import triage_versions
 from reports.schema import TRIAGE

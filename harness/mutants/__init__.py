@@ -1,8 +1,7 @@
 """The seeded bugs: the corpus (`corpus.py`: the reference with exactly one real bug put back, one small
-definition each), the contract probes the kill table runs beside each campaign (`contract_probes.py`:
-what a fuzzed case cannot make happen), and the kill table itself (`kill_table.py`: the clean reference
-and every mutant through the same campaign).
+definition each) and the contract probes run beside each mutant's campaign (`contract_probes.py`: what a
+fuzzed case cannot make happen).
 
-The modules sit on different floors (DESIGN.md, "Layers"): the corpus and the probes below the oracles
-and the engine, the kill table above the campaign. This module imports none of them.
+Both are targets, below the oracles and the engine (DESIGN.md, "Layers"); the kill table that runs them
+through the campaign stands above it, as `harness/kill_table.py`.
 """

@@ -54,7 +54,7 @@ def triton_kernel_names() -> list[str]:
     """The Triton kernels behind harness.kernels' sparse attention (the functions its kernel module
     decorates with `triton.jit`), or [] when Triton is not installed. Read from the module's source, not
     by importing it: this module is imported by every command, and importing triton decides once per
-    process whether its kernels are interpreted (`sglang_target._api.prepare_triton` must decide first)."""
+    process whether its kernels are interpreted (`sglang_target.api.prepare_triton` must decide first)."""
     if importlib.util.find_spec("triton") is None:
         return []
     source = Path(importlib.util.find_spec("harness.kernels._sparse_attention_kernel").origin).read_text()

@@ -40,9 +40,9 @@ import torch
 from harness.case import Batch, Case, Mutation, Request
 from harness.engine import run_case
 from harness.errors import EnvironmentBroken
-from harness.sglang_target._api import KERNELS as KERNEL_MODULE
-from harness.sglang_target._api import TRITON_KERNELS as SGLANG_KERNELS
-from harness.sglang_target._api import prepare_triton
+from harness.sglang_target.api import KERNELS as KERNEL_MODULE
+from harness.sglang_target.api import TRITON_KERNELS as SGLANG_KERNELS
+from harness.sglang_target.api import prepare_triton
 from harness.strategies import with_contract, with_dims
 from harness.targets import load_target
 

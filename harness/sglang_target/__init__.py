@@ -29,14 +29,14 @@ from __future__ import annotations
 import gc
 
 from harness.case import Case
+from harness.contracts.source import check_classes
 from harness.sglang_target import differential
-from harness.sglang_target._api import SglangApi, load_api
+from harness.sglang_target.api import SglangApi, load_api
 from harness.sglang_target.classes import sglang_classes
 from harness.sglang_target.platform import bound_heap_growth
 from harness.sglang_target.real_backend import fixed_dims, stand_in_rows
 from harness.sglang_target.session import SglangSession
 from harness.targets.protocol import Target
-from harness.triage.source import check_classes
 
 
 class SglangTarget(Target):

@@ -16,7 +16,7 @@ runners hand the backend its snapshot, in the chunk cache's API and in a few hel
   `ensure_c4` / `combine_c4_layer`, its build takes the forward batch only.
 
 A generation is recognised by the names only it has (`markers`); every other name it needs is checked by
-`_api.load_api`, and a missing one is named there (exit 3).
+`api.load_api`, and a missing one is named there (exit 3).
 """
 
 from __future__ import annotations

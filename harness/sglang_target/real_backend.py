@@ -105,7 +105,7 @@ def prepare(api) -> list[str]:
 
 def stand_in_rows(api) -> list[dict]:
     """What `prepare` stood in, as `summary.json`'s `stand_ins` rows (module, reason): each an implementation of
-    the op's contract, tested against it (not a recorder like `_api.StandIns`)."""
+    the op's contract, tested against it (not a recorder like `api.StandIns`)."""
 
     def reason(name: str) -> str:
         if name.startswith("flash_mla"):

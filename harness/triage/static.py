@@ -8,12 +8,12 @@ from importlib.metadata import version
 from pathlib import Path
 
 from harness.case import Batch, Case, Request
+from harness.contracts.source import check_classes, module_classes, static_section
 from harness.device import SimDevice
 from harness.errors import ExitCode
 from harness.sglang_target.classes import sglang_classes
 from harness.strategies import with_dims
 from harness.targets import load_target
-from harness.triage.source import check_classes, module_classes, static_section
 from reports.schema import TRIAGE
 from reports.writers import write_report
 

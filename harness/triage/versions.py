@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
-from harness.sglang_target._api import BACKEND
+from harness.sglang_target.api import BACKEND
 from reports.schema import VERSIONS
 from reports.writers import write_report
 

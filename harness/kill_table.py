@@ -1,4 +1,7 @@
-"""The kill table: the clean reference and every mutant, each through the same campaign."""
+"""The kill table: the clean reference and every mutant of `harness.mutants`, each through the same campaign.
+
+It runs campaigns, so it stands above `campaign.py`, beside the commands (`harness.commands.mutants` is its
+subcommand), while the mutants it judges are targets below the engine (DESIGN.md, "Layers")."""
 
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ interpreted, on the CPU simulator's tensors, or compiled, on CUDA tensors. Trito
 the whole process when it is first imported (`TRITON_INTERPRET`), so `prepare_triton` makes it then:
 interpreted unless a CUDA device is visible or `TRITON_INTERPRET` says otherwise. A session on the
 other kind of device is refused with the setting that would fix it.
+
+The module is public: besides the target, `triage --versions` (the backend's module name) and the
+sanitizer's SGLang cases (the Triton kernels' module and `prepare_triton`) read it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Static interface contracts: attributes a class reads as `self.X` but never assigns, found on the source.
 
-The source-side half of triage (`harness.triage.objects.check_object` checks an object as built). For a class, the
+The source-side half of triage (`harness.contracts.objects.check_object` checks an object as built). For a class, the
 methods its MRO resolves (and what they reach through `super()` or `Base.method(self, ...)`) are read from
 the source; every `self.X` they load must be created somewhere in the class or a base: `self.X = ...`
 (annotated, augmented, unpacked, `for self.X in`, `with ... as self.X`), `setattr` or `__dict__[...]` with
@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.triage.objects import short_path
+from harness.contracts.objects import short_path
 
 
 @dataclass(frozen=True)
