@@ -10,13 +10,16 @@ waiting for the whole forward first. Both are judged by every oracle registered 
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
+import traceback
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Optional
 
 from harness.case import Case, Mutation
-from harness.device import OpFailed, make_device
+from harness.device import OpFailed, context_error, make_device
 from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
 from harness.mutator import Mutator
@@ -48,7 +51,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     except HarnessError:
         raise
     except Exception as exc:  # the target raised building its session (its own __init__s): a finding too
-        record.crash = (0, f"opening the session: {type(exc).__name__}: {exc}")
+        record.crash = (0, f"opening the session: {_raised(exc)}")
         return _finished(record, device, schedule)
     if device.observer is not None:
         device.observer.register_session(session)
@@ -83,7 +86,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         except HarnessError:
             raise
         except Exception as exc:  # the target raised on the host: a finding, never a harness traceback
-            record.crash = (index, f"{type(exc).__name__}: {exc}")
+            record.crash = (index, _raised(exc))
         record.sut_seconds += time.perf_counter() - began
         record.applied.append(list(mutator.applied))
         record.notes.append(session.probe.take())
@@ -96,6 +99,40 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         record.outputs.append(captured)
         record.copy_seconds += time.perf_counter() - began
     return _finished(record, device, schedule)
+
+
+def _raised(exc: BaseException) -> str:
+    """`exc` as a crash finding words it: its type and message, and the innermost frame it was raised in (on
+    CUDA run with CUDA_LAUNCH_BLOCKING=1 that is the op that failed on the device), so that a crash names its
+    line without a debugger."""
+    frames = [(_short_path(f.filename), f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+    if not frames:
+        return f"{type(exc).__name__}: {exc}"
+    where = "raised at {}:{} in {}".format(*frames[-1])
+    callers = [f for f in frames if not f[0].startswith(_LIBRARY_PATHS)]
+    if callers and callers[-1] != frames[-1]:  # the op failed in torch: the lines that called it
+        where += ", called from " + " <- ".join("{}:{} in {}".format(*f) for f in reversed(callers[-3:]))
+    if "CUDA error" in str(exc) and os.environ.get("CUDA_LAUNCH_BLOCKING") != "1":
+        where += "; a CUDA error surfaces at a later call: replay with CUDA_LAUNCH_BLOCKING=1 to name the op that failed"
+    return f"{type(exc).__name__}: {exc} ({where})"
+
+
+_LIBRARY_PATHS = ("torch/", "triton/", "contextlib", "functools", "unittest/", "harness/observe/")
+
+
+def _short_path(filename: str) -> str:
+    """A frame's file from its package down (`sglang/srt/...`, `harness/...`): no machine path in a report."""
+    path = Path(filename)
+    parts = path.parts
+    roots = [i for i, part in enumerate(parts) if part in ("site-packages", "dist-packages")]
+    if roots:
+        return "/".join(parts[roots[-1] + 1:])
+    if path.is_relative_to(Path.cwd()):
+        return path.relative_to(Path.cwd()).as_posix()
+    for i, part in enumerate(parts):
+        if part in ("harness", "sglang", "torch", "triton"):
+            return "/".join(parts[i:])
+    return Path(filename).name
 
 
 def _processing(device, mutator: Mutator, mutations: tuple[Mutation, ...]) -> Callable[[], None]:
@@ -149,10 +186,16 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     # Observed: the run the happens-before oracle judges. The barriered run is only compared by value.
     overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe,
                          worlds=worlds)
-    barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok, worlds=worlds)
     oracle_seconds: dict[str, float] = {}
-    findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles,
-                     seconds=oracle_seconds)
+    lost = context_error(device_name) if overlapped.crash else None
+    if lost:  # nothing more can run on the device in this process: the overlapped run's crash is the finding
+        barriered = RunRecord(crash=(overlapped.crash[0], f"not run: the overlapped run left the CUDA context unusable ({lost})"))
+        findings = [Finding("execution", "context-lost", "the overlapped run raised and left the CUDA context unusable, "
+                            f"so the barriered run could not be judged: {overlapped.crash[1]}", overlapped.crash[0])]
+    else:
+        barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok, worlds=worlds)
+        findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles,
+                         seconds=oracle_seconds)
     if device_name != "cpu":  # where the race was real: the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start,

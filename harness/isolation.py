@@ -36,6 +36,7 @@ from typing import Callable, TypeVar
 import torch
 
 from harness.case import Case
+from harness.device import context_error
 from harness.engine import Finding, replay_command, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
 from harness.targets import load_target
@@ -307,11 +308,9 @@ def _serve(request: dict) -> dict:
         return {"error": {"type": kind, "message": str(exc)}}
     answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay,
               "phases": result.phases(), "gate_openings": result.gate_openings()}
-    if request["device"] == "cuda":
-        try:
-            torch.cuda.synchronize()
-        except RuntimeError as exc:  # a sticky CUDA error: every later case in this process would fail
-            answer["context_error"] = str(exc).strip().splitlines()[0]
+    lost = context_error(request["device"])
+    if lost:  # a sticky CUDA error: every later case in this process would fail
+        answer["context_error"] = lost
     return answer
 
 

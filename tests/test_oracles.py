@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from harness.case import Batch, Case, Flags, Mutation, Request
+from harness import engine
 from harness.engine import run_case
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.mutants.corpus import mutant_target
@@ -180,3 +181,37 @@ def test_a_target_that_raises_opening_its_session_is_a_finding():
     result = run_case(Unbuildable(), PLAIN, "cpu")
     assert [(f.oracle, f.kind) for f in result.findings] == [("execution", "target-raised")]
     assert "opening the session: AttributeError" in result.findings[0].message and result.replay
+
+
+class _Unbuildable(Target):
+    """A target whose session cannot be built: raised two frames down, so the finding must name the inner line."""
+
+    opened = 0
+
+    def open(self, case, device):
+        _Unbuildable.opened += 1
+        return self._build()
+
+    def _build(self):
+        raise IndexError("index 1073741824 is out of bounds for dimension 0 with size 1793")
+
+
+def test_a_target_crash_names_the_line_it_was_raised_at():
+    """The finding carries where the target raised (on CUDA with CUDA_LAUNCH_BLOCKING=1, the op that failed on the
+    device, and the lines outside torch that called it): a crash is located without a debugger."""
+    [finding] = run_case(_Unbuildable(), PLAIN, "cpu").findings
+    assert "IndexError: index 1073741824" in finding.message
+    assert "(raised at tests/test_oracles.py:" in finding.message and "in _build)" in finding.message
+
+
+def test_an_overlapped_crash_that_loses_the_cuda_context_is_the_finding_and_the_barriered_run_is_not_started(
+        monkeypatch):
+    """A device-side assert leaves the process's CUDA context unusable: the barriered run would fail wherever it
+    first touched the device (it once failed in the device's warm-up, and the overlapped run's message was lost).
+    The overlapped run's crash is then the one finding, with its message."""
+    monkeypatch.setattr(engine, "context_error", lambda device_name: "CUDA error: device-side assert triggered")
+    _Unbuildable.opened = 0
+    [finding] = run_case(_Unbuildable(), PLAIN, "cpu").findings
+    assert (finding.oracle, finding.kind) == ("execution", "context-lost")
+    assert "IndexError: index 1073741824" in finding.message and "barriered run could not be judged" in finding.message
+    assert _Unbuildable.opened == 1

@@ -462,6 +462,23 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
     assert calls.index("capture_one_shape") < calls.index("prepare_forward_metadata_for_breakable_cuda_graph_replay")
 
 
+def test_each_session_starts_with_an_empty_process_wide_input_buffer_pool(target, harness_device):
+    """SGLang coalesces graph input buffers of one name and size process-wide (`input_buffers.share_input_buffer`);
+    a server has one such pool for its life, a campaign's process opens a session per case. The last case's
+    `out_cache_loc` (here: slots far beyond any pool) must not reach this case's start-up capture, which translates
+    it through the Full-to-SWA mapping: found on CUDA as a device-side assert in
+    `init_forward_metadata_for_breakable_cuda_graph_capture`, one case in a hundred, never in a server."""
+    replay = Batch(requests=(Request(2, 5),), graph=True)
+    case = Case(dims=DIMS, graph_contract="bcg", batches=(replay,))
+    pool = target.api.mods["input_buffers"]._forward_input_buffer_pool
+    assert run_case(target, case, harness_device, target_spec="sglang").findings == []
+    assert pool, "the first case's runner put no buffer in SGLang's process-wide pool: nothing is checked here"
+    for buffer in pool.values():  # the last case's slots, out of the range of this case's pools
+        buffer.fill_(1 << 30)
+    result = run_case(target, case, harness_device, target_spec="sglang")
+    assert result.findings == [], [f.message for f in result.findings]
+
+
 def test_a_breakable_bucket_wider_than_the_request_table_is_captured_in_requests_that_fit(target, harness_device):
     """SGLang captures a bucket as requests of at most the model's context length, which its request table spans;
     the harness's table is as wide as the case's longest request (256 here), so the capture's requests are cut to

@@ -8,6 +8,8 @@ same happens-before tracker in host issue order, so its verdict does not depend 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from harness.device import gates
@@ -16,7 +18,7 @@ from harness.device.cuda import CudaDevice
 from harness.device.sim import SimDevice
 from harness.errors import EnvironmentBroken, InvalidArgument
 
-__all__ = ["Device", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice", "make_device", "resolve_device"]
+__all__ = ["context_error", "Device", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice", "make_device", "resolve_device"]
 
 
 def resolve_device(name: str) -> str:
@@ -39,3 +41,15 @@ def make_device(name: str, *, schedule: str = "adversarial", observe: bool = Fal
     if kind == "cpu":
         return SimDevice(schedule=schedule, observe=observe)
     return CudaDevice(observe=observe)
+
+
+def context_error(name: str) -> Optional[str]:
+    """On CUDA, the first line of the sticky error that left this process's context unusable (a device-side assert,
+    an illegal address: every later CUDA call fails with it), or None while it is usable; None on the CPU."""
+    if name == "cpu":
+        return None
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        return str(exc).strip().splitlines()[0]
+    return None

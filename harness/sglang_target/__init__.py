@@ -68,8 +68,15 @@ class SglangTarget(Target):
         """A session holds SGLang's pools, backend and runners in reference cycles (a runner and its model
         runner point at each other), at DSV4's sizes up to gigabytes; Python's cycle collector reaches an old
         session only rarely, so a campaign's memory grew by a session a case until it was killed out of memory
-        (a 3000-token case: 1 GB a case). The previous sessions are collected before each new one."""
+        (a 3000-token case: 1 GB a case). The previous sessions are collected before each new one.
+
+        A session is a server process of its own: SGLang's process-wide pool of graph input buffers
+        (`input_buffers.share_input_buffer`, keyed by a buffer's name and size) starts empty, as at a server's
+        start-up. Else this case's graph runner adopts the last case's `out_cache_loc` buffer, and its start-up
+        capture translates that case's slots through this case's Full-to-SWA mapping (out of its range on CUDA: a
+        device-side assert that no SGLang server can meet)."""
         gc.collect()
+        self.api.mods["input_buffers"]._forward_input_buffer_pool.clear()
         return SglangSession(self.api, case, device)
 
     def contract_breaks(self) -> list[str]:

@@ -43,7 +43,8 @@ from typing import Any
 from harness.case import GRAPH_CONTRACTS
 from harness.errors import EnvironmentBroken
 from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_BACKEND, BUFFER_REGISTRY, GENERATIONS,
-                                               GRAPH_CONFIG, GRAPH_RUNNER, KERNELS, KV_TRANSLATOR, SHAPE_KEY,
+                                               GRAPH_CONFIG, GRAPH_RUNNER, INPUT_BUFFERS, KERNELS, KV_TRANSLATOR,
+                                               SHAPE_KEY,
                                                SPARSE_UTILS, SPEC, TC_BACKEND, Generation, recognise)
 
 TRITON_KERNELS = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")  # SGLang's own, in KERNELS
@@ -98,7 +99,7 @@ _COMMON = [
     (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.can_run_graph"), (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
-    (BUFFER_REGISTRY, "build_prefill_registry"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
+    (BUFFER_REGISTRY, "build_prefill_registry"), (INPUT_BUFFERS, "_forward_input_buffer_pool"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
     (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"), (GRAPH_CONFIG, "ALLOWED_BACKENDS_PER_PHASE"), (GRAPH_CONFIG, "Phase"), (SHAPE_KEY, "ShapeKey"),
 ]
 # Whether a batch runs context-parallel: `is_cp_active` from 0.5.20 on, `is_cp_v2_active` in 0.5.19.
@@ -350,7 +351,7 @@ def load_api() -> SglangApi:
         model_runner=MODEL_RUNNER, buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
         kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
         spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
-        graph_config=GRAPH_CONFIG).items()}
+        graph_config=GRAPH_CONFIG, input_buffers=INPUT_BUFFERS).items()}
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)
     want = "shared_read_ends" if generation.publishes_from_read_end else "forward_batch"

@@ -32,6 +32,7 @@ SPEC = "sglang.srt.speculative.spec_info"
 GRAPH_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 SHAPE_KEY = "sglang.srt.model_executor.runner.shape_key"
 BUFFER_REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
+INPUT_BUFFERS = "sglang.srt.model_executor.input_buffers"  # the process-wide pool of graph input buffers
 TC_BACKEND = "sglang.srt.model_executor.runner_backend.tc_piecewise_cuda_graph_backend"
 BREAKABLE_BACKEND = "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend"
 GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
