@@ -12,7 +12,10 @@ process.
 
     python benchmarks/sglang_coverage.py [--examples N] [--seed S] [--device cpu|cuda|auto]
                                          [--semantics pr|0.5.23] [--isolate SECONDS|off|auto]
-                                         [--timeout SECONDS] [--json FILE]
+                                         [--keep-going N] [--report-dir DIR] [--timeout SECONDS] [--json FILE]
+
+The figure is over every case asked for: the campaign goes on past a finding (`--keep-going`, by default as many
+as the cases), and its report, findings and replay commands included, is kept in `--report-dir`.
 
 Exit 0 when the campaign ran (whether or not it found something: the finding count is printed), 3 when
 coverage is missing, the campaign could not run to its end, or coverage measured nothing of sglang.
@@ -127,6 +130,7 @@ class Campaign:
     exit_code: int
     summary: dict
     result_line: str
+    found: list  # the campaign's finding and replay lines, as it printed them
 
 
 def sglang_package() -> Path:
@@ -149,7 +153,8 @@ def sglang_version() -> str:
 def harness_argv(args, report_dir: Path) -> list:
     """`python -m harness run --target sglang ...`'s arguments after `-m harness`, with the passthrough options."""
     argv = ["run", "--target", "sglang", "--device", args.device, "--examples", str(args.examples),
-            "--seed", str(args.seed), "--report-dir", str(report_dir), "--overwrite"]
+            "--seed", str(args.seed), "--report-dir", str(report_dir), "--overwrite",
+            "--keep-going", str(args.keep_going or args.examples)]
     if args.semantics is not None:
         argv += ["--semantics", args.semantics]
     if args.isolate is not None:
@@ -180,7 +185,8 @@ def run_campaign(args, rc: Path, report_dir: Path, scratch: Path) -> Campaign:
     if done.returncode == ExitCode.FOUND and not summary.get("findings"):
         raise Refused(f"the campaign exited 1 (found) with no finding in its summary:\n{tail}")
     result = next((line for line in output.splitlines() if " cases on " in line), "")
-    return Campaign(argv, display, seconds, done.returncode, summary, result.strip())
+    found = [line.strip() for line in output.splitlines() if line.startswith(("  [", "  replay: "))]
+    return Campaign(argv, display, seconds, done.returncode, summary, result.strip(), found)
 
 
 def processes_measured(data_dir: Path, package: Path) -> tuple[int, int]:
@@ -283,6 +289,9 @@ def print_report(result: dict) -> None:
     campaign = result["campaign"]
     print(f"wall time {campaign['seconds']:.1f} s; exit {campaign['exit_code']}; {campaign['findings']} finding(s); "
           f"processes measured: {campaign['processes']} ({campaign['processes_with_sglang']} ran sglang code)")
+    for line in campaign["found"]:
+        print(f"  {line}")
+    print(f"the campaign's report: {result['report_dir']}")
     print("\nstatements run / total per file (the statements run at import count too: def and class lines, constants)")
     print(f"{'file (under sglang/)':58} {'run':>6} {'total':>6} {'%':>6}")
     for row in result["files"]:
@@ -311,16 +320,16 @@ def measure(args) -> dict:
         data_dir, rc = scratch / "data", scratch / "coveragerc"
         data_dir.mkdir()
         rc.write_text(RC_TEMPLATE.format(source=package, data_file=data_dir / ".coverage"))
-        campaign = run_campaign(args, rc, scratch / "report", scratch)
+        campaign = run_campaign(args, rc, Path(args.report_dir).resolve(), scratch)
         processes, with_sglang = processes_measured(data_dir, package)
         cov = combined(rc, data_dir, package)
         files, functions = file_rows(cov, package), function_rows(cov, package)
     return {"sglang_version": sglang_version(), "command": campaign.display, "argv": campaign.argv,
-            "date": time.strftime("%Y-%m-%d"),
+            "date": time.strftime("%Y-%m-%d"), "report_dir": args.report_dir,
             "campaign": {"seconds": round(campaign.seconds, 1), "exit_code": campaign.exit_code,
                          "result_line": campaign.result_line, "cases": campaign.summary.get("cases"),
                          "findings": len(campaign.summary.get("findings") or []),
-                         "jobs": campaign.summary.get("jobs"), "processes": processes,
+                         "jobs": campaign.summary.get("jobs"), "processes": processes, "found": campaign.found,
                          "processes_with_sglang": with_sglang},
             "files": files, "functions": functions}
 
@@ -334,11 +343,18 @@ def main() -> int:
     parser.add_argument("--semantics", default=None, help="pr | 0.5.23 (passed on; the harness's default if left out)")
     parser.add_argument("--isolate", default=None, metavar="SECONDS|off|auto",
                         help="passed on to the campaign (the harness's default, auto, if left out)")
+    parser.add_argument("--keep-going", type=int, default=None, metavar="N",
+                        help="passed on: the distinct failures collected before the campaign stops (default: "
+                             "--examples, so the figure is over every case)")
+    parser.add_argument("--report-dir", default="sglang-coverage-report", metavar="DIR",
+                        help="the campaign's report folder, kept (replaced when it holds an earlier campaign)")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds the campaign may run")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args()
     if args.examples < 1:
         parser.error(f"--examples={args.examples}: must be >= 1")
+    if args.keep_going is not None and args.keep_going < 1:
+        parser.error(f"--keep-going={args.keep_going}: must be >= 1")
     if args.timeout <= 0:
         parser.error(f"--timeout={args.timeout:g}: must be > 0 seconds")
     try:
