@@ -255,7 +255,8 @@ def test_the_frame_prefers_sglang(monkeypatch):
     code = compile("def run(f):\n    return f()\n", os.path.join("site-packages", "sglang", "srt", "fake.py"), "exec")
     scope: dict = {}
     exec(code, scope)
-    assert scope["run"](lambda: issuing_frame()).startswith("tests/test_observer.py:")  # sglang not imported
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)  # as in a process that never imported sglang
+    assert scope["run"](lambda: issuing_frame()).startswith("tests/test_observer.py:")
     monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
     assert scope["run"](lambda: issuing_frame()) == "sglang/srt/fake.py:2 in run"  # past the inner lambda
 
