@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from harness.case import Case, Mutation
-from harness.device import OpFailed, context_error, make_device
+from harness.device import DeviceKind, OpFailed, context_error, make_device
 from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
 from harness.mutator import Mutator
@@ -181,7 +181,8 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     by default the observer watches the overlapped run on every device."""
     case.validate()
     start = time.perf_counter()
-    poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
+    kind = DeviceKind(device_name)
+    poison_ok = kind.poison_out_of_range
     worlds = CaseWorlds(case)
     # Observed: the run the happens-before oracle judges. The barriered run is only compared by value.
     overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe,
@@ -196,11 +197,12 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
         barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok, worlds=worlds)
         findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles,
                          seconds=oracle_seconds)
-    if device_name != "cpu":  # where the race was real: the window each finding was found in
+    if kind.real_concurrency:  # the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start,
                         world_seconds=worlds.seconds, oracle_seconds=oracle_seconds)
-    replay_schedule = f"forced:{overlapped.schedule}" if device_name == "cpu" and schedule != "adversarial" else schedule
+    replay_schedule = (schedule if kind.real_concurrency or schedule == "adversarial"
+                       else f"forced:{overlapped.schedule}")
     result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule,
                                    mutant=mutant, oracles=oracles)
     return result
