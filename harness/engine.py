@@ -23,13 +23,12 @@ from harness.device import DeviceKind, OpFailed, context_error, make_device
 from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
 from harness.mutator import Mutator
-from harness.oracles import Judged
-from harness.oracles import judge as judge_registered
+from harness.oracles import Judged, apply_oracles
 from harness.targets import load_batch
 from harness.world import CaseWorlds
 
-__all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "judge", "replay_command",
-           "run_case"]
+__all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "oracle_findings",
+           "replay_command", "run_case"]
 
 
 def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
@@ -195,8 +194,8 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
                             f"so the barriered run could not be judged: {overlapped.crash[1]}", overlapped.crash[0])]
     else:
         barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok, worlds=worlds)
-        findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles,
-                         seconds=oracle_seconds)
+        findings = oracle_findings(case, overlapped, barriered, target=target, device_name=device_name,
+                                   oracles=oracles, seconds=oracle_seconds)
     if kind.real_concurrency:  # the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start,
@@ -208,13 +207,14 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     return result
 
 
-def judge(case: Case, overlapped: RunRecord, barriered: RunRecord, *, target=None, device_name: str = "cpu",
-          oracles: Optional[frozenset] = None, seconds: Optional[dict[str, float]] = None) -> list[Finding]:
+def oracle_findings(case: Case, overlapped: RunRecord, barriered: RunRecord, *, target=None,
+                    device_name: str = "cpu", oracles: Optional[frozenset] = None,
+                    seconds: Optional[dict[str, float]] = None) -> list[Finding]:
     """Every registered oracle (`harness/oracles/`) on one judged case; the findings `oracles` selects.
     Without a target (one interleaving of an exploration) the oracles that ask the target do not run.
     `seconds`, when given, gets each oracle's time."""
-    return judge_registered(Judged(case, overlapped, barriered, target=target, device_name=device_name,
-                                   selected=oracles), seconds=seconds)
+    return apply_oracles(Judged(case, overlapped, barriered, target=target, device_name=device_name,
+                                selected=oracles), seconds=seconds)
 
 
 @dataclass
@@ -247,7 +247,7 @@ def explore(target, case: Case, *, bound: int = 500, target_spec: str = "referen
             continue
         seen.add(taken)
         outcome.explored += 1
-        findings = judge(case, run, barriered, oracles=oracles)
+        findings = oracle_findings(case, run, barriered, oracles=oracles)
         if findings:
             outcome.failing.append((taken, findings[0]))
             for name in dict.fromkeys(f.oracle for f in findings):
