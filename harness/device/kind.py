@@ -10,7 +10,6 @@ unchanged, and a plain `"cpu"` still compares and hashes equal to `DeviceKind.CP
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
 
 import torch
 
@@ -24,7 +23,7 @@ class DeviceKind(str, Enum):
         return self.value
 
     @classmethod
-    def of(cls, device: torch.device | str) -> Optional["DeviceKind"]:
+    def of(cls, device: torch.device | str) -> DeviceKind | None:
         """The kind whose memory a torch device is; None for any other torch device (meta, a registered
         backend), which is neither the CPU's nor a GPU's plain memory."""
         return _BY_TORCH_TYPE.get(torch.device(device).type)
