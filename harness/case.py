@@ -15,8 +15,8 @@ from typing import Any
 
 from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
+from harness.semantics import SEMANTICS, Semantics
 
-SEMANTICS = ("pr", "0.5.23")
 GRAPH_CONTRACTS = ("fresh", "bcg")
 MUTATION_KINDS = (
     "req_to_token_rewrite",  # rewrite rows of req_to_token (R1, radix row rewrites)
@@ -92,10 +92,10 @@ class Flags:
     GATES = ("SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active", "hisparse", "hierarchical_cache", "hicache_storage",
              "lmcache")
 
-    def prefill_read_done_enabled(self, semantics: str) -> bool:
-        """PR-era default off, 0.5.23 default on (#37958)."""
+    def prefill_read_done_enabled(self, semantics: Semantics) -> bool:
+        """Unset: the semantics' default (`Semantics.read_done_by_default`)."""
         if self.SGLANG_ENABLE_PREFILL_WAR_READ_DONE is None:
-            return semantics != "pr"
+            return Semantics(semantics).read_done_by_default
         return self.SGLANG_ENABLE_PREFILL_WAR_READ_DONE
 
     def offloads_kv(self) -> bool:
@@ -134,7 +134,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class Case:
-    semantics: str = "0.5.23"
+    semantics: Semantics = Semantics.V0_5_23
     spec: SpeculativeAlgorithm = SpeculativeAlgorithm.NONE
     flags: Flags = Flags()
     dims: Dims = Dims()
@@ -142,6 +142,12 @@ class Case:
     graph_contract: str = "fresh"
     delay_cycles: int = 0
     data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        """A known semantics name becomes its `Semantics` here, so every layer asks it what it does; an
+        unknown one is left for `validate` to name."""
+        if self.semantics in SEMANTICS:
+            object.__setattr__(self, "semantics", Semantics(self.semantics))
 
     def validate(self) -> "Case":
         """Eager validation: every field is checked here, so nothing deep inside fails on bad input."""
@@ -276,6 +282,8 @@ def _value(kind: Any, value: Any, where: str) -> Any:
         if value is None:
             return None
         (kind,) = [a for a in args if a is not type(None)]
+    if kind is Semantics:  # a string here; `Case.validate` names one that is no semantics
+        kind = str
     expected = {bool: "true or false", int: "an integer", str: "a string"}[kind]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise InvalidArgument(f"{where}={value!r}: expected {expected}")

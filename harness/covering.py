@@ -32,6 +32,7 @@ from harness.coverage import BUCKET_EDGES, RUNNERS, THRESHOLD_EDGES, TOKEN_DECAD
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
+from harness.semantics import Semantics
 from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
                                 flags, for_target, large_dims, publishes, skewed_requests, small_dims)
 
@@ -112,11 +113,11 @@ def covering_cases(semantics: str, *, budget: int, reachable: tuple[Value, ...],
                    dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS):
     """Cases each aimed at one of `reachable` (drawn), at the target's sizes and graph contracts (`cases`)."""
     return for_target(st.sampled_from(reachable).flatmap(
-        functools.partial(aimed_at, semantics=semantics, budget=budget)), dims, contracts)
+        functools.partial(aimed_at, semantics=Semantics(semantics), budget=budget)), dims, contracts)
 
 
 @functools.lru_cache(maxsize=None)
-def aimed_at(value: Value, *, semantics: str, budget: int) -> SearchStrategy[Case]:
+def aimed_at(value: Value, *, semantics: Semantics, budget: int) -> SearchStrategy[Case]:
     """Cases that reach `value`: one of its aims, drawn. Built once for each value, as hypothesis works out a new
     strategy's properties before its first draw."""
     return st.one_of([aimed_case(aim, semantics=semantics, budget=budget)
@@ -124,7 +125,7 @@ def aimed_at(value: Value, *, semantics: str, budget: int) -> SearchStrategy[Cas
 
 
 @st.composite
-def aimed_case(draw, aim: Aim, *, semantics: str, budget: int) -> Case:
+def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
     closed, offloads = ("KV offload", (aim.closed,)) if aim.closed in KV_OFFLOAD else (aim.closed, KV_OFFLOAD)
     f = draw(flags(semantics, closed, offloads))
     if aim.sparse is not None:
@@ -147,12 +148,12 @@ def aimed_case(draw, aim: Aim, *, semantics: str, budget: int) -> Case:
 
 # -- the aims of each value, by dimension: (value, semantics, budget) -> aims ----------------------------------------
 
-def _mode(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+def _mode(value: str, semantics: Semantics, budget: int) -> tuple[Aim, ...]:
     mode = ForwardMode[value]
     return (Aim(mode=mode, graph=False if mode is ForwardMode.IDLE else None),)
 
 
-def _spec(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+def _spec(value: str, semantics: Semantics, budget: int) -> tuple[Aim, ...]:
     spec = SpeculativeAlgorithm[value]
     return (Aim(spec=spec, closed="open" if publishes(spec, semantics) else "spec"),)
 
@@ -167,7 +168,7 @@ _THRESHOLD_SHIFTS = {name: shift for shift, name in THRESHOLD_EDGES.items()}
 _BUCKET_SHIFTS = {name: shift for shift, name in BUCKET_EDGES.items()}
 
 
-def _edge(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+def _edge(value: str, semantics: Semantics, budget: int) -> tuple[Aim, ...]:
     """A first batch of as many tokens as the edge, where the edge decides: at the sparse threshold (or one off it)
     with the sparse-prefill switch off, else the threshold decides nothing, at the sizes the drawn threshold cases
     have; at a prefill-graph bucket (or one off it) replayed, which pads to a bucket. Or at neither."""
@@ -180,7 +181,7 @@ def _edge(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
     return (Aim(tokens=st.integers(1, 999).filter(lambda n: edge(n) == "no edge")),)
 
 
-def _tokens(value: str, semantics: str, budget: int) -> tuple[Aim, ...]:
+def _tokens(value: str, semantics: Semantics, budget: int) -> tuple[Aim, ...]:
     low, high = DECADES[TOKEN_DECADES.index(value)]
     return (Aim(tokens=st.integers(low, min(high, budget))),)
 

@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from harness.case import Case, Mutation
-from harness.device import OpFailed, context_error, make_device
+from harness.device import DeviceKind, OpFailed, context_error, make_device
 from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
 from harness.mutator import Mutator
-from harness.oracles import Judged
-from harness.oracles import judge as judge_registered
+from harness.oracles import Judged, apply_oracles
 from harness.targets import load_batch
 from harness.world import CaseWorlds
 
-__all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "judge", "replay_command",
-           "run_case"]
+__all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "oracle_findings",
+           "replay_command", "run_case"]
 
 
 def execute(target, case: Case, device_name: str, *, schedule: str = "adversarial", barriered: bool = False,
@@ -181,7 +180,8 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     by default the observer watches the overlapped run on every device."""
     case.validate()
     start = time.perf_counter()
-    poison_ok = device_name == "cpu"  # out-of-range reads kill a CUDA context; there poison stays in range
+    kind = DeviceKind(device_name)
+    poison_ok = kind.poison_out_of_range
     worlds = CaseWorlds(case)
     # Observed: the run the happens-before oracle judges. The barriered run is only compared by value.
     overlapped = execute(target, case, device_name, schedule=schedule, poison_ok=poison_ok, observe=observe,
@@ -194,25 +194,27 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
                             f"so the barriered run could not be judged: {overlapped.crash[1]}", overlapped.crash[0])]
     else:
         barriered = execute(target, case, device_name, barriered=True, poison_ok=poison_ok, worlds=worlds)
-        findings = judge(case, overlapped, barriered, target=target, device_name=device_name, oracles=oracles,
-                         seconds=oracle_seconds)
-    if device_name != "cpu":  # where the race was real: the window each finding was found in
+        findings = oracle_findings(case, overlapped, barriered, target=target, device_name=device_name,
+                                   oracles=oracles, seconds=oracle_seconds)
+    if kind.real_concurrency:  # the window each finding was found in
         findings = [replace(f, details={**f.details, "race_window": overlapped.race_window}) for f in findings]
     result = CaseResult(case, findings, overlapped, barriered, time.perf_counter() - start,
                         world_seconds=worlds.seconds, oracle_seconds=oracle_seconds)
-    replay_schedule = f"forced:{overlapped.schedule}" if device_name == "cpu" and schedule != "adversarial" else schedule
+    replay_schedule = (schedule if kind.real_concurrency or schedule == "adversarial"
+                       else f"forced:{overlapped.schedule}")
     result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule,
                                    mutant=mutant, oracles=oracles)
     return result
 
 
-def judge(case: Case, overlapped: RunRecord, barriered: RunRecord, *, target=None, device_name: str = "cpu",
-          oracles: Optional[frozenset] = None, seconds: Optional[dict[str, float]] = None) -> list[Finding]:
+def oracle_findings(case: Case, overlapped: RunRecord, barriered: RunRecord, *, target=None,
+                    device_name: str = "cpu", oracles: Optional[frozenset] = None,
+                    seconds: Optional[dict[str, float]] = None) -> list[Finding]:
     """Every registered oracle (`harness/oracles/`) on one judged case; the findings `oracles` selects.
     Without a target (one interleaving of an exploration) the oracles that ask the target do not run.
     `seconds`, when given, gets each oracle's time."""
-    return judge_registered(Judged(case, overlapped, barriered, target=target, device_name=device_name,
-                                   selected=oracles), seconds=seconds)
+    return apply_oracles(Judged(case, overlapped, barriered, target=target, device_name=device_name,
+                                selected=oracles), seconds=seconds)
 
 
 @dataclass
@@ -245,7 +247,7 @@ def explore(target, case: Case, *, bound: int = 500, target_spec: str = "referen
             continue
         seen.add(taken)
         outcome.explored += 1
-        findings = judge(case, run, barriered, oracles=oracles)
+        findings = oracle_findings(case, run, barriered, oracles=oracles)
         if findings:
             outcome.failing.append((taken, findings[0]))
             for name in dict.fromkeys(f.oracle for f in findings):

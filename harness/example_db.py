@@ -15,7 +15,7 @@ clean campaign would replay a mutant's failure, see it pass, and delete it for e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 from urllib.parse import urlsplit
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, MultiplexedDatabase
@@ -27,6 +27,32 @@ REDIS_SCHEME = "redis://"
 
 def database_scope(*, target_spec: str, mutant: Optional[str], semantics: str, device: str) -> bytes:
     return f"target={target_spec};mutant={mutant or ''};semantics={semantics};device={device}".encode()
+
+
+class ScopedDatabase(ExampleDatabase):
+    """`db` with every key under `scope`: the campaigns that share one test function keep their failures
+    apart through Hypothesis's public database interface, where a private attribute of the test function
+    (`_hypothesis_internal_add_digest`) did it before. Every key Hypothesis derives (its secondary and
+    pareto keys among them) is prefixed alike, so nothing stored leaks between scopes."""
+
+    def __init__(self, db: ExampleDatabase, scope: bytes) -> None:
+        super().__init__()
+        self.db, self.scope = db, scope
+
+    def __repr__(self) -> str:
+        return f"ScopedDatabase({self.db!r}, {self.scope!r})"
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.db.save(self.scope + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.db.fetch(self.scope + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.db.delete(self.scope + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.db.move(self.scope + src, self.scope + dest, value)
 
 
 def check_shared(spec: str) -> str:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from harness.campaign import run_campaign
+from harness.device import DeviceKind
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.mutants.contract_probes import run_probes
 from harness.mutants.corpus import MUTANTS, mutant_target
@@ -41,7 +42,7 @@ def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.
             raise InvalidArgument(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(MUTANTS)}")
     names = shard.select(names)
     with_clean = shard.index == 1
-    if device == "cuda":
+    if DeviceKind(device).isolates_runs:
         return _kill_table_isolated(names, examples=examples, semantics=semantics, progress=progress,
                                     with_clean=with_clean, seeds=seeds, seed=seed)
     rows = []

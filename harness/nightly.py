@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.choices import NIGHTLY_STEPS as STEPS
-from harness.device import resolve_device
+from harness.device import DeviceKind, resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import StopRequest, stop_on_signals
@@ -84,7 +84,7 @@ def pytest_workers(workers: str, device: str) -> list[str]:
     """The pytest step's xdist options: auto is one worker per core (on cuda sharing the GPUs, as
     `--gpu-share` allows); a number is that many, sharing the GPUs on cuda too."""
     count = str(cpu_cores()) if workers == "auto" else workers
-    return ["-n", count] + (["--gpu-share"] if device == "cuda" else [])
+    return ["-n", count] + (["--gpu-share"] if DeviceKind(device).uses_gpus else [])
 
 
 def parse_skip(text: str | None) -> frozenset[str]:

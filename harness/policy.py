@@ -36,7 +36,7 @@ def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
         return False, f"mode {batch.mode.name} is not EXTEND"
     if not flags.prefill_read_done_enabled(case.semantics):
         return False, "SGLANG_ENABLE_PREFILL_WAR_READ_DONE is off"
-    if flags.SGLANG_FORCE_COARSE_WAR_BARRIER and case.semantics != "pr":
+    if flags.SGLANG_FORCE_COARSE_WAR_BARRIER and case.semantics.coarse_barrier_closes_publish:
         # PR-era: the event is still recorded; the scheduler ignores it under the coarse flag.
         return False, "SGLANG_FORCE_COARSE_WAR_BARRIER is set"
     if flags.cp_active:
@@ -45,7 +45,7 @@ def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
         return False, "HiSparse translates through full_to_hisparse in every layer"
     if flags.offloads_kv():
         return False, "hierarchical cache / storage / LMCache offload is on"
-    if case.semantics == "pr" and not spec.is_dflash_family():
+    if case.semantics.dflash_family_only and not spec.is_dflash_family():
         return False, f"PR-era: spec {spec.name} is not DFLASH-family"
     if not spec.supports_prefill_shared_read_done():
         return False, f"spec {spec.name} has a later reader (draft extend) or is not audited"

@@ -24,9 +24,9 @@ def finding_signature(result) -> tuple[str, str]:
     return first.oracle, first.kind
 
 
-def shrink_failure(judge: Callable[[Case], object], result, *, budget_s: float):
+def shrink_failure(run_case: Callable[[Case], object], result, *, budget_s: float):
     """The CaseResult of the smallest failing case found by greedy shrinking of `result.case` under
-    `judge` (a case to its CaseResult) for at most `budget_s` seconds; each kept step restarts the
+    `run_case` (a case to its CaseResult) for at most `budget_s` seconds; each kept step restarts the
     candidates from the smaller case."""
     started = time.perf_counter()
     want = finding_signature(result)
@@ -41,7 +41,7 @@ def shrink_failure(judge: Callable[[Case], object], result, *, budget_s: float):
                 candidate.validate()
             except InvalidArgument:
                 continue
-            judged = judge(candidate)
+            judged = run_case(candidate)
             if judged.findings and any((f.oracle, f.kind) == want for f in judged.findings):
                 best, best_result, improved = candidate, judged, True
                 break

@@ -33,11 +33,12 @@ from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
 from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
 from harness.policy import GRAPH_MAX_BS, graph_bucket
+from harness.semantics import Semantics
 
 S = SpeculativeAlgorithm
 _SPECS = {
-    "0.5.23": [S.NONE, S.NONE, S.DFLASH, S.DSPARK, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
-    "pr": [S.DFLASH, S.DFLASH, S.DSPARK, S.NONE, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
+    Semantics.V0_5_23: [S.NONE, S.NONE, S.DFLASH, S.DSPARK, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
+    Semantics.PR: [S.DFLASH, S.DFLASH, S.DSPARK, S.NONE, S.EAGLE, S.EAGLE3, S.NEXTN, S.STANDALONE, S.NGRAM],
 }
 # Swarm groups: a case switches each group on or off; a case that switches all off keeps all. The
 # spec families choose among the algorithms that close publication (a case whose closed condition is
@@ -100,19 +101,19 @@ def _rare(weight: int = 8):
     return st.sampled_from([False] * (weight - 1) + [True])
 
 
-def publishes(spec: SpeculativeAlgorithm, semantics: str) -> bool:
+def publishes(spec: SpeculativeAlgorithm, semantics: Semantics) -> bool:
     """Whether `spec` lets an EXTEND batch publish when every gate is open (the spec rules of
     `harness.policy.expected_publish`)."""
-    return spec.is_dflash_family() if semantics == "pr" else spec.supports_prefill_shared_read_done()
+    return spec.is_dflash_family() if semantics.dflash_family_only else spec.supports_prefill_shared_read_done()
 
 
 @st.composite
-def flags(draw, semantics: str, closed: str = "open", offloads: tuple[str, ...] = KV_OFFLOAD) -> Flags:
+def flags(draw, semantics: Semantics, closed: str = "open", offloads: tuple[str, ...] = KV_OFFLOAD) -> Flags:
     """The switches of a case whose only closed condition is `closed`: a gate ("READ_DONE off", a
     flag, "KV offload"), or anything else for all gates open. READ_DONE on or off is given explicitly
     or left to the semantics' default, whichever says the same."""
     read_done = closed != "READ_DONE off"
-    default = semantics != "pr"
+    default = semantics.read_done_by_default
     enable = draw(st.sampled_from([read_done] * 3 + ([None] if default == read_done else [])))
     gate = draw(st.sampled_from(offloads)) if closed == "KV offload" else _GATE_FLAGS.get(closed)
     return Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=enable,
@@ -268,6 +269,7 @@ def with_contract(case: Case, contracts: tuple[str, ...]) -> Case:
 def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset[str]) -> Case:
     if semantics not in _SPECS:
         raise InvalidArgument(f"semantics={semantics!r} is not one of: {', '.join(_SPECS)}")
+    semantics = Semantics(semantics)
     closed = draw(st.sampled_from(closed_conditions(without)))  # first: the flags, the spec and the batches follow it
     specs_on = _switched_on(draw, _SPEC_FAMILIES)
     modes_on = _switched_on(draw, _MODE_GROUPS)
@@ -302,7 +304,7 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
     if geometry == "threshold":
         # SGLang's real threshold, with every gate open so the snapshot's decision is published.
         f = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
-        spec = draw(st.sampled_from([S.DFLASH, S.DSPARK] + ([S.NONE] if semantics != "pr" else [])))
+        spec = draw(st.sampled_from([S.DFLASH, S.DSPARK] + ([] if semantics.dflash_family_only else [S.NONE])))
         return Case(semantics=semantics, spec=spec, flags=f, dims=THRESHOLD_DIMS,
                     batches=(draw(threshold_batch(hisparse=f.hisparse)),), data_seed=draw(st.integers(0, 2**16)))
     dims = draw(small_dims())
@@ -361,7 +363,7 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
     Random drawing reaches each of these, but only some of the time; a campaign that must not miss a
     whole class of bug starts from one case of each shape, then explores around and beyond them.
     """
-    spec = S.DFLASH if semantics == "pr" else S.NONE
+    spec = S.DFLASH if Semantics(semantics).dflash_family_only else S.NONE
     base = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True)
     mut = (Mutation("swa_clear", count=3), Mutation("req_to_token_rewrite"))
     two = (Request(9, 6), Request(2, 3))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from harness.device import DeviceKind
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sharding import Shard
 from harness.telemetry import NvmlUnavailable, list_gpus, visible_entries
@@ -77,7 +78,7 @@ def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, sh
         raise InvalidArgument(f"--workers={spec}: more workers than the {cpu_cores()} core(s) this process may run "
                               "on; each worker is a process judging cases, and more of them than cores only wait "
                               f"for each other: use at most {cpu_cores()}, or auto")
-    if device != "cuda":
+    if not DeviceKind(device).uses_gpus:
         return cpu_cores() if spec == "auto" else int(spec)
     if not gpus:
         raise EnvironmentBroken("--workers on --device cuda: no GPU is visible (CUDA_VISIBLE_DEVICES hides them all, "

@@ -23,6 +23,7 @@ from functools import cached_property
 import torch
 
 from harness.case import FP8_V4_NOPE, Batch, Case, Dims
+from harness.device import DeviceKind
 from harness.model.pools import to_device
 
 SPARE_ROWS = 4  # pool rows no request of the batch uses: targets of "other" rewrites and of reuse
@@ -53,7 +54,7 @@ def _hashed(shape, seed: int, stream: int, device, finish) -> torch.Tensor:
     """`finish(h)` of the 32-bit hashes h of positions 0..n-1 under the (seed, stream) key, shaped `shape`;
     in chunks on the CPU (where each pass over a large int64 tensor would go to memory), at once on a GPU."""
     n, key = math.prod(shape), _stream_key(seed, stream)
-    chunk = max(1, n) if torch.device(device).type != "cpu" else _DRAW_CHUNK
+    chunk = _DRAW_CHUNK if DeviceKind.of(device) is DeviceKind.CPU else max(1, n)
     parts = []
     for start in range(0, max(1, n), chunk):  # n == 0 (no indexer block yet) draws one empty chunk
         x = torch.arange(start, min(n, start + chunk), dtype=torch.int64, device=device)
@@ -215,7 +216,7 @@ def build_world(case: Case, index: int, sizes: PoolSizes, device="cpu") -> Batch
         sink=draw_uniform((layers, dims.heads), seed, 2, device),
         seed=seed,
     )
-    if world.device.type == "cuda":
+    if DeviceKind.of(world.device) is DeviceKind.CUDA:
         # Drawn on the current stream; a target loads it on its own streams, which do not wait for
         # this one: the draw is finished before any of them can read it.
         torch.cuda.current_stream().synchronize()

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.errors import EnvironmentBroken, ExitCode
 from reports import junit
 from reports.folder import load_folder
-from reports.verdict import BROKEN, FOUND, INTERRUPTED, Verdict, judge
+from reports.verdict import BROKEN, FOUND, INTERRUPTED, Verdict, verdict_of
 
 EXIT_CODES = {FOUND: ExitCode.FOUND, BROKEN: ExitCode.BROKEN, INTERRUPTED: ExitCode.INTERRUPTED}  # CLEAN: ExitCode.OK
 
@@ -37,7 +37,7 @@ def render_folder(path: Path, pytest_junit: Path | None = None,
     if folder.sanitizer is not None:
         written.append(junit.write(folder.path / junit.SANITIZER, junit.sanitizer_suite(folder.sanitizer)))
     written.append(write_index(folder))
-    return written, judge(folder)
+    return written, verdict_of(folder)
 
 
 def run(args) -> int:

@@ -14,7 +14,7 @@ import jinja2
 from reports import plots
 from reports.folder import SANITIZER_RAW_DIR, ReportFolder, time_rows
 from reports.junit import flatten
-from reports.verdict import judge, sanitizer_outcome
+from reports.verdict import sanitizer_outcome, verdict_of
 from reports.writers import write_text_atomically
 
 INDEX = "index.html"
@@ -101,7 +101,7 @@ def render_html(folder: ReportFolder) -> str:
     sanitizer = folder.sanitizer
     return env.get_template("index.html.j2").render(
         folder=folder,
-        verdict=judge(folder),
+        verdict=verdict_of(folder),
         campaign=_campaign_context(folder.summary) if folder.summary else None,
         triage=folder.triage and {**folder.triage, "context": folder.triage["campaign"] and
                                   _campaign_context(folder.triage["campaign"], False)},

@@ -76,7 +76,7 @@ def campaign_reasons(summary: dict, label: str) -> tuple[list[str], list[str], l
     return found, broken, interrupted
 
 
-def judge(folder: ReportFolder) -> Verdict:
+def verdict_of(folder: ReportFolder) -> Verdict:
     found, broken, interrupted, ran = [], [], [], []
     if folder.empty:
         broken.append("the report folder holds none of the report files: nothing ran, or nothing was written")

@@ -17,9 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
 from harness.errors import InvalidArgument
-from harness.example_db import check_shared
+from harness.example_db import ScopedDatabase, check_shared
 
 MUTANT = ["run", "--device", "cpu", "--mutant", "scheduler_no_wait", "--profile", "dev", "--seed", "5",
           "--examples", "60", "-q"]
@@ -139,3 +142,58 @@ def test_the_ci_profile_keeps_no_database_so_example_db_is_refused(tmp_path, cap
 
     assert main(["run", "--device", "cpu", "--example-db", str(tmp_path), "--report-dir", str(tmp_path / "r")]) == 2
     assert "--example-db: the 'ci' profile is derandomized" in capsys.readouterr().err
+
+
+def _failing_test(db, seen: list):
+    """A hypothesis test that fails on any integer over 10, its database `db`."""
+    @settings(database=db, max_examples=50, suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, 100))
+    def test(n):
+        seen.append(n)
+        assert n <= 10
+
+    return test
+
+
+def test_a_scoped_database_keeps_each_scope_s_failures_apart(tmp_path):
+    """The public replacement of `_hypothesis_internal_add_digest`: one test function, two scopes over one
+    directory; the failure stored under one scope replays there first and is never seen by the other."""
+    shared = DirectoryBasedExampleDatabase(str(tmp_path))
+    with pytest.raises(AssertionError):
+        _failing_test(ScopedDatabase(shared, b"mutant=a;"), [])()
+    stored = {key.name for key in tmp_path.iterdir()}
+    assert stored, "the failure was not stored"
+    replayed: list = []
+    with pytest.raises(AssertionError):
+        _failing_test(ScopedDatabase(shared, b"mutant=a;"), replayed)()
+    assert replayed[0] > 10  # the stored failure, replayed before any draw
+    unscoped = InMemoryExampleDatabase()
+    scoped = ScopedDatabase(unscoped, b"mutant=b;")
+    scoped.save(b"key", b"value")
+    scoped.move(b"key", b"other", b"value")
+    assert list(unscoped.fetch(b"mutant=b;other")) == [b"value"] and not list(unscoped.fetch(b"other"))
+    assert list(scoped.fetch(b"other")) == [b"value"] and not list(ScopedDatabase(unscoped, b"mutant=a;").fetch(b"other"))
+    scoped.delete(b"other", b"value")
+    assert not list(unscoped.fetch(b"mutant=b;other"))
+
+
+def test_a_seed_under_settings_keeps_the_database(tmp_path):
+    """The public replacement of `_hypothesis_internal_use_seed` (`campaign._seeded`): `@seed(n)` applied
+    beneath `@settings(database=...)` fixes the stream and keeps the database, which `@seed` on top turns off."""
+    def seeded(db, seen, *, fails=False):
+        @settings(database=db, max_examples=20, suppress_health_check=list(HealthCheck))
+        @seed(5)
+        @given(st.integers(0, 10**6))
+        def test(n):
+            seen.append(n)
+            assert not fails
+
+        return test
+
+    first, second = [], []
+    seeded(DirectoryBasedExampleDatabase(str(tmp_path / "a")), first)()
+    seeded(None, second)()
+    assert first == second and len(first) == 20
+    with pytest.raises(AssertionError):
+        seeded(DirectoryBasedExampleDatabase(str(tmp_path / "b")), [], fails=True)()
+    assert any((tmp_path / "b").iterdir()), "the seeded test stored no failure: the database was turned off"

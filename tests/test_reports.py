@@ -20,7 +20,7 @@ from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder
 from reports.html import first_difference, render_html
-from reports.verdict import BROKEN, CLEAN, FOUND, INTERRUPTED, judge
+from reports.verdict import BROKEN, CLEAN, FOUND, INTERRUPTED, verdict_of
 from reports.writers import replace_report, write_json_atomically, write_text_atomically
 
 pytest_plugins = ["pytester"]  # the reporting plugin is checked in an inner pytest run
@@ -191,7 +191,7 @@ def test_the_sanitizer_commands_own_json_loads_and_agrees_with_its_ok(tmp_path):
            "tools": ["racecheck"], "cases": [], "jobs": 1, "ok": False, "figures": figures(results),
            "results": [r.as_dict() for r in results]}
     folder = load_folder(write_folder(tmp_path, sanitizer_json=doc))
-    verdict = judge(folder)
+    verdict = verdict_of(folder)
     missed = "sanitizer: initcheck on planted_uninit: the planted uninitialized-read was not found"
     assert verdict.status == BROKEN and verdict.broken == [missed]
     page = render_html(folder)
@@ -243,11 +243,11 @@ def test_telemetry_as_the_run_command_writes_it(tmp_path):
 
     cpu = TelemetryRecord(available=False, reason="NVML did not initialise (no NVIDIA driver?)").to_dict()
     folder = load_folder(write_folder(tmp_path / "cpu", summary_json=summary(telemetry=cpu)))
-    assert judge(folder).status == CLEAN and "NVML did not initialise" in render_html(folder)
+    assert verdict_of(folder).status == CLEAN and "NVML did not initialise" in render_html(folder)
     hot = GpuSnapshot(index=0, name="NVIDIA H200", clock_events=["hw_thermal_slowdown"], ecc={})
     gpu = TelemetryRecord(available=True, before=hot, after=hot, xids=[]).to_dict()
     folder = load_folder(write_folder(tmp_path / "gpu", summary_json=summary(telemetry=gpu)))
-    verdict = judge(folder)
+    verdict = verdict_of(folder)
     assert verdict.status == BROKEN and "hw_thermal_slowdown" in verdict.reason
     assert "GPU 0: NVIDIA H200" in render_html(folder)
     props = {p.get("name"): p.get("value") for p in _parse(junit.campaign_suite(folder.summary)).find("properties")}
@@ -268,7 +268,7 @@ def test_static_only_triage_and_versions_as_their_commands_write_them(tmp_path):
     versions = VersionsOutcome([VersionResult("0.5.22", "pass", "0 breaks"), VersionResult("0.5.23", "fail", "1 break")],
                                first_failing="0.5.23", last_passing="0.5.22").to_json()
     folder = load_folder(write_folder(tmp_path, triage_json=triage, versions_json=versions))
-    verdict = judge(folder)
+    verdict = verdict_of(folder)
     assert verdict.status == FOUND and "1 static break(s); first DeepseekV4AttnBackend.token_to_kv_pool" in verdict.reason
     assert "the first failing version is 0.5.23 (last passing: 0.5.22)" in verdict.found[1]
     page = render_html(folder)
@@ -304,7 +304,7 @@ def test_static_only_triage_and_versions_as_their_commands_write_them(tmp_path):
     ({"summary_json": {**summary(telemetry=telemetry(suspect=True)), "interrupted": "SIGINT"}}, BROKEN, "suspect"),
 ])
 def test_verdict(tmp_path, files, status, needle):
-    verdict = judge(load_folder(write_folder(tmp_path, **files)))
+    verdict = verdict_of(load_folder(write_folder(tmp_path, **files)))
     assert verdict.status == status and needle in verdict.reason, verdict
 
 
@@ -315,7 +315,7 @@ def test_the_kill_tables_clean_reference_is_judged_too(tmp_path, findings, statu
              "finding": "race on x" if findings else None}
     write_json_atomically(folder / "mutants-clean.json", clean)
     loaded = load_folder(folder)
-    verdict = judge(loaded)
+    verdict = verdict_of(loaded)
     assert verdict.status == status, verdict
     suite = junit.mutants_suite(loaded.mutants, loaded.clean_reference)
     assert suite.get("failures") == str(findings)
@@ -333,7 +333,7 @@ def test_a_partial_clean_reference_file_is_named(tmp_path):
 
 def test_found_wins_over_broken_and_both_are_listed(tmp_path):
     folder = write_folder(tmp_path, summary_json=summary([finding()]), mutants_json=[mutant_row("b", killed=False)])
-    verdict = judge(load_folder(folder))
+    verdict = verdict_of(load_folder(folder))
     assert verdict.status == FOUND and len(verdict.found) == 1 and "survived" in verdict.broken[0]
     assert "survived" not in verdict.reason
 

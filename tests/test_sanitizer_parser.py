@@ -21,7 +21,7 @@ from harness.sanitizer.cases import CASES, cases_of
 from harness.sanitizer.cli import _select
 from harness.sanitizer.command import ERROR_EXITCODE, build_command
 from harness.sanitizer.parse import OutputError, parse_summary, parse_xml
-from harness.sanitizer.runner import PlainRun, RunOutputs, judge, run_sanitized
+from harness.sanitizer.runner import PlainRun, RunOutputs, classify_run, run_sanitized
 from harness.sanitizer.sglang_cases import PLANTED_EDITS, SGLANG_KERNELS
 from reports import writers  # noqa: F401  imported before a test empties sys.path
 
@@ -39,7 +39,7 @@ def recorded(name: str, **changes) -> RunOutputs:
 
 
 def verdict(tool: str, case: str, out: RunOutputs):
-    return judge(tool, CASES[case], out, timeout=60)
+    return classify_run(tool, CASES[case], out, timeout=60)
 
 
 # -- real findings, recorded ----------------------------------------------------------------------
@@ -359,7 +359,7 @@ def test_the_report_recorded_on_the_gpu_has_the_shape_this_code_writes():
     """`sanitize --tool all --jobs 8` on an H200: every planted bug found by its tool, no error in a
     clean case. If the row format changes, this recorded report is stale: record it again."""
     report = json.loads((DATA / "sanitizer-h200.json").read_text())
-    row = judge("racecheck", CASES["planted-race"], recorded("racecheck-planted-race"), timeout=60).as_dict()
+    row = classify_run("racecheck", CASES["planted-race"], recorded("racecheck-planted-race"), timeout=60).as_dict()
     assert all(set(r) == set(row) for r in report["results"])
     assert report["ok"] and report["binary"]["source"] == "PATH" and len(report["results"]) == 40
     for tool, figures in report["figures"].items():

@@ -15,30 +15,32 @@ import torch
 from harness.device import gates
 from harness.device.base import Device, Event, GraphCapture, OpFailed, Stream
 from harness.device.cuda import CudaDevice
+from harness.device.kind import DeviceKind
 from harness.device.sim import SimDevice
 from harness.errors import EnvironmentBroken, InvalidArgument
 
-__all__ = ["context_error", "Device", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice", "make_device", "resolve_device"]
+__all__ = ["context_error", "Device", "DeviceKind", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice", "make_device",
+           "resolve_device"]
 
 
-def resolve_device(name: str) -> str:
-    """`auto` picks CUDA when a device is present; `cuda` without one is refused here, before any work."""
+def resolve_device(name: str) -> DeviceKind:
+    """`auto` picks CUDA when a device is present; `cuda` without one is refused here, before any work.
+    The kind it returns is what every layer below asks, so none resolves the name again."""
     if name not in ("cpu", "cuda", "auto"):
         raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
     if name == "cpu":
-        return name
+        return DeviceKind.CPU
     if not torch.cuda.is_available():
         if name == "auto":
-            return "cpu"
+            return DeviceKind.CPU
         raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     gates.require_driver()  # the race windows' gates
-    return "cuda"
+    return DeviceKind.CUDA
 
 
 def make_device(name: str, *, schedule: str = "adversarial", observe: bool = False) -> Device:
     """`observe`: the observer feeds the tracker what the code really touches (`harness/observe/`)."""
-    kind = resolve_device(name)
-    if kind == "cpu":
+    if resolve_device(name) is DeviceKind.CPU:
         return SimDevice(schedule=schedule, observe=observe)
     return CudaDevice(observe=observe)
 
@@ -46,7 +48,7 @@ def make_device(name: str, *, schedule: str = "adversarial", observe: bool = Fal
 def context_error(name: str) -> Optional[str]:
     """On CUDA, the first line of the sticky error that left this process's context unusable (a device-side assert,
     an illegal address: every later CUDA call fails with it), or None while it is usable; None on the CPU."""
-    if name == "cpu":
+    if DeviceKind(name) is DeviceKind.CPU:
         return None
     try:
         torch.cuda.synchronize()

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
+from harness.device.kind import DeviceKind
 from harness.hb import CapturedGraph, GraphNode, HappensBefore, LaunchRecord, Region
 from harness.observe import Observer
 
@@ -57,7 +58,7 @@ class Device:
     and writes, and what the host runs outside any launch, is fed to the tracker beside the
     declarations, within `observing()`."""
 
-    kind = "abstract"
+    kind: DeviceKind  # each device its own
     capture_runs_closures = False  # a real capture runs each closure once, recording its kernels
     decisions: Sequence = ()  # the simulator's choices of which stream runs next; a real device makes none
 

@@ -12,6 +12,7 @@ import torch
 
 from harness.device import gates
 from harness.device.base import Device, Event, GraphCapture, Stream
+from harness.device.kind import DeviceKind
 
 GATE_POLL_S = 50e-6  # how often `open_gates` looks at the other streams' progress
 
@@ -21,7 +22,7 @@ _NATIVE_STREAM = torch.cuda.Stream
 
 
 class CudaDevice(Device):
-    kind = "cuda"
+    kind = DeviceKind.CUDA
     capture_runs_closures = True
     sleep_cycles_per_ms: Optional[float] = None  # measured once per process: the clock `_sleep` counts
 

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from harness.device.base import Device, Event, OpFailed, Stream
+from harness.device.kind import DeviceKind
 from harness.errors import InvalidArgument
 
 POLICIES = ("adversarial", "random:SEED", "forced:CHOICES")
@@ -43,7 +44,7 @@ class Decision:
 
 
 class SimDevice(Device):
-    kind = "cpu"
+    kind = DeviceKind.CPU
 
     def __init__(self, schedule: str = "adversarial", *, observe: bool = False) -> None:
         if torch.get_num_threads() > 1:  # the simulator's ops are small: threads only contend

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.device import DeviceKind
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.kernels.torch_attention import sparse_attention
 
@@ -109,7 +110,8 @@ def _check(q, kv, indices, sink, out) -> None:
     if len(set(devices.values())) != 1:
         raise InvalidArgument(f"tensors on different devices: {devices}; all must share one device")
     device = q.device
-    if device.type != "cuda" and not (device.type == "cpu" and _interpreting()):
+    kind = DeviceKind.of(device)
+    if kind is not DeviceKind.CUDA and not (kind is DeviceKind.CPU and _interpreting()):
         raise InvalidArgument(f"q.device={device}: the Triton kernel needs cuda tensors "
                               "(cpu only under TRITON_INTERPRET=1)")
 
@@ -151,6 +153,6 @@ def triton_sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Te
 def sparse_attention_for(device_type: str | torch.device) -> Callable[..., torch.Tensor]:
     """The sparse attention the model should call on this device: the Triton kernel on CUDA when it
     is available, else the plain torch implementation."""
-    if torch.device(device_type).type == "cuda" and available():
+    if DeviceKind.of(device_type) is DeviceKind.CUDA and available():
         return triton_sparse_attention
     return sparse_attention

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from harness.device import DeviceKind
 from harness.kernels import sparse_attention_for
 from harness.kernels.torch_attention import sparse_attention  # also harness.model.attention.sparse_attention
 from harness.model.pools import to_device
@@ -32,7 +33,7 @@ def output_rtol(dtype: torch.dtype) -> float:
 def sparse_attention_on(device: torch.device):
     """The sparse attention the model runs: the Triton kernel on CUDA when Triton is there (it is
     deterministic, so the bit-exact oracle holds), the torch implementation elsewhere."""
-    if device.type != "cuda":
+    if DeviceKind.of(device) is not DeviceKind.CUDA:
         return sparse_attention
     return sparse_attention_for(device)
 
@@ -70,14 +71,15 @@ def reference_attention(world, layer: int, rows: list[int] | None = None, *,
                                   dtype=torch.int64), device)
     results = []
     window = torch.arange(dims.swa_window, device=device)
-    step = REFERENCE_ROWS_PER_STEP["cpu" if device.type == "cpu" else "gpu"]
+    on_cpu = DeviceKind.of(device) is DeviceKind.CPU
+    step = REFERENCE_ROWS_PER_STEP["cpu" if on_cpu else "gpu"]
     start = 0
     for r, group in itertools.groupby(token_rows[wanted[i]][0] for i in order):
         count = len(list(group))
         latents = world.latents[r][layer].double()
         blocks = world.block_means(r, layer, ratio).double() if ratio else latents[:0]
         request_keys = torch.cat([blocks, latents])
-        masked = keys == "masked" or (keys is None and device.type != "cpu"
+        masked = keys == "masked" or (keys is None and not on_cpu
                                       and latents.shape[0] <= MASKED_LATENTS_PER_WINDOW * dims.swa_window)
         rows_per_step = step if not masked else max(  # masked: rows x heads x all the request's keys
             1, min(step, MASKED_SCORES_PER_STEP // (dims.heads * request_keys.shape[0])))

@@ -18,6 +18,7 @@ from harness.model.metadata import (LARGE_INDEXER_QUERY_THRESHOLD, DSV4AttnMetad
                                     SparsePrefillChunkCache)
 from harness.model.pools import ForwardBatch, staged
 from harness.probe import Forward, LazyBuild, PlanKind, Planned, PlanRead, Snapshot, SwaLocFallback
+from harness.semantics import Semantics
 
 I32, I64 = torch.int32, torch.int64
 PER_BATCH = ("fb.req_pool_indices", "fb.positions", "fb.seq_lens", "fb.extend_seq_lens", "fb.out_cache_loc")
@@ -71,7 +72,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
     def shared_read_ends(self, forward_mode: ForwardMode) -> SharedReadEnds:
         if forward_mode.is_target_verify():
             return SharedReadEnds.IN_REPLAY if self.model_runner.spec_algorithm.is_dspark() else SharedReadEnds.POST_REPLAY
-        if (self.model_runner.semantics == "pr" and forward_mode is ForwardMode.EXTEND
+        if (not self.model_runner.semantics.resolves_read_ends and forward_mode is ForwardMode.EXTEND
                 and isinstance(self.forward_metadata, DSV4Metadata)
                 and self.forward_metadata.prefill_shared_reads_snapshotted):
             return SharedReadEnds.PRE_REPLAY
@@ -97,7 +98,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         if isinstance(metadata, DSV4Metadata):
             metadata.prefill_shared_reads_snapshotted = False
         flags = self.model_runner.flags
-        if not (flags.prefill_read_done_enabled("pr")
+        if not (flags.prefill_read_done_enabled(Semantics.PR)
                 and forward_batch.forward_mode is ForwardMode.EXTEND
                 and self.model_runner.spec_algorithm.is_dflash_family()
                 and not flags.cp_active

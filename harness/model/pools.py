@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from harness.device import DeviceKind
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 
 
@@ -16,7 +17,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     A pageable copy would block the host until the stream drains, which on CUDA closes the very
     race window the delay opens.
     """
-    if device.type == "cuda":
+    if DeviceKind.of(device) is DeviceKind.CUDA:
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
 

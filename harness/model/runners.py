@@ -15,6 +15,7 @@ from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.model.metadata import DSV4Metadata
 from harness.model.pools import ForwardBatch, staged
 from harness.probe import Dispatch, GraphReplay, MetadataReuse, PlanKind, PlanRead, Publish
+from harness.semantics import Semantics
 
 _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR = 2
 
@@ -41,7 +42,7 @@ def maybe_publish_prefill_shared_read_done(model_runner, shared_read_ends: Share
 
 def maybe_publish_prefill_shared_read_done_pr(model_runner, forward_batch: ForwardBatch, device) -> None:
     """PR-era publisher (#35947 as merged), plus the later KV-offload gate (see DESIGN.md)."""
-    if not model_runner.flags.prefill_read_done_enabled("pr"):
+    if not model_runner.flags.prefill_read_done_enabled(Semantics.PR):
         return
     if forward_batch.forward_mode is not ForwardMode.EXTEND:
         return
@@ -76,7 +77,7 @@ class EagerRunner:
             # are 1-token extends), so it runs as EXTEND; CP keeps MIXED.
             fb = replace(fb, forward_mode=ForwardMode.EXTEND)
         backend.init_forward_metadata(fb)
-        if mr.semantics == "pr":
+        if not mr.semantics.resolves_read_ends:
             backend.prepare_prefill_shared_read_snapshot(fb, num_qo_tokens=len(fb.input_ids))
             mr.publish_pr(mr, fb, mr.device)
         else:
@@ -130,7 +131,7 @@ class PrefillGraphRunner:
             self._capture(bucket, padded)
         self._load_static_inputs(bucket, padded)
         static = self.static_metadata[bucket]
-        if mr.semantics == "pr":
+        if not mr.semantics.resolves_read_ends:
             self._prepare_forward_metadata_for_replay(padded, static)
             if self.contract == "fresh":
                 mr.attn_backend.prepare_prefill_shared_read_snapshot(padded, num_qo_tokens=bucket)

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 from harness.case import Batch, Case, Flags, Request
 from harness.device import SimDevice
 from harness.model.enums import ForwardMode, SharedReadEnds, SpeculativeAlgorithm
+from harness.semantics import Semantics
 from harness.world import PoolSizes, build_world
 
 
@@ -27,7 +28,7 @@ def _backend_with_batch(target, case: Case):
 
 def flag_set_only_after_successful_build(target) -> Optional[str]:
     """PR-era: a snapshot build that raises must leave `prefill_shared_reads_snapshotted` unset."""
-    case = Case(semantics="pr", spec=SpeculativeAlgorithm.DFLASH,
+    case = Case(semantics=Semantics.PR, spec=SpeculativeAlgorithm.DFLASH,
                 flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True), batches=(Batch(requests=(Request(5, 6),)),))
     backend, fb = _backend_with_batch(target, case)
 

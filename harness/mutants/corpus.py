@@ -21,6 +21,7 @@ from harness.model.pools import staged
 from harness.model.runners import ModelRunner, PrefillGraphRunner
 from harness.model.scheduler import Scheduler
 from harness.probe import PlanKind, PlanRead, Snapshot
+from harness.semantics import Semantics
 from harness.targets import Classes, ReferenceTarget
 
 
@@ -111,7 +112,7 @@ def _eagle_publishes() -> Classes:
             runners.record_and_publish(model_runner, device)
 
     def publish_pr(model_runner, fb, device):
-        if (model_runner.flags.prefill_read_done_enabled("pr") and fb.forward_mode is ForwardMode.EXTEND
+        if (model_runner.flags.prefill_read_done_enabled(Semantics.PR) and fb.forward_mode is ForwardMode.EXTEND
                 and model_runner.attn_backend.shared_read_ends(fb.forward_mode) is SharedReadEnds.PRE_REPLAY):
             runners.record_and_publish(model_runner, device)
 
@@ -257,7 +258,7 @@ def _base_hook_declares_pre_replay() -> Classes:
         return SharedReadEnds.PRE_REPLAY  # the base hook's answer, DSV4's override bypassed
 
     def shared_read_ends(self, forward_mode):
-        if forward_mode is ForwardMode.EXTEND and self.model_runner.semantics == "pr":
+        if forward_mode is ForwardMode.EXTEND and not self.model_runner.semantics.resolves_read_ends:
             return SharedReadEnds.PRE_REPLAY
         return DeepseekV4AttnBackend.shared_read_ends(self, forward_mode)
 

@@ -97,7 +97,7 @@ def _host_values(index):
     sync, which closes the race window) or a mask; None where the op indexes no rows of dim 0."""
     if not isinstance(index, torch.Tensor):
         return None
-    if index.device.type != "cpu" or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
+    if not index.is_cpu or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
                                                          torch.uint8):
         return UNREADABLE
     if index.numel() > _SMALL_INDEX:

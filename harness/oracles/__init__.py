@@ -18,6 +18,6 @@ from harness.oracles import (  # noqa: F401 - each registers its oracle
     reference,
     contract,
 )
-from harness.oracles.registry import Judged, Oracle, judge, oracle, oracle_names, parse_oracles, registered, unregister
+from harness.oracles.registry import Judged, Oracle, apply_oracles, oracle, oracle_names, parse_oracles, registered, unregister
 
-__all__ = ["Judged", "Oracle", "judge", "oracle", "oracle_names", "parse_oracles", "registered", "unregister"]
+__all__ = ["Judged", "Oracle", "apply_oracles", "oracle", "oracle_names", "parse_oracles", "registered", "unregister"]

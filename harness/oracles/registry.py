@@ -1,6 +1,6 @@
 """The oracle registry: an oracle is a function from a judged case to findings, registered under its name.
 
-`engine.judge` runs every registered oracle, in the order they were registered; `--oracles` accepts the
+`engine.oracle_findings` runs every registered oracle, in the order they were registered; `--oracles` accepts the
 registered names; the report page lists the oracles that judged a campaign. Adding an oracle is one module
 that decorates its check with `@oracle(...)` and is imported once (the built-in ones by
 `harness/oracles/__init__.py`; your own by your target's module or a `conftest.py`).
@@ -90,7 +90,7 @@ def parse_oracles(text: Optional[str]) -> Optional[frozenset]:
     return names
 
 
-def judge(judged: Judged, *, seconds: Optional[dict[str, float]] = None) -> list[Finding]:
+def apply_oracles(judged: Judged, *, seconds: Optional[dict[str, float]] = None) -> list[Finding]:
     """Every registered oracle that applies, in registration order; the findings `--oracles` selects.
     `seconds`, when given, gets each oracle's time (the campaign report shows where a case's time goes)."""
     findings: list[Finding] = []

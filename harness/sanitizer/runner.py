@@ -1,6 +1,6 @@
 """Run cases under compute-sanitizer, one tool at a time, and judge each run with no silent pass.
 
-`judge` is pure: it takes what one run left behind (exit code, XML, log, sentinel) and returns a
+`classify_run` is pure: it takes what one run left behind (exit code, XML, log, sentinel) and returns a
 typed result. Every way a run can fail to prove anything has its own problem code:
 
     timeout              the run exceeded the wall-clock limit
@@ -126,7 +126,7 @@ def _tail(text: str | None) -> str:
     return f"{text[:_TAIL // 3]} ... {text[-_TAIL:]}" if len(text) > _TAIL + _TAIL // 3 else text
 
 
-def judge(tool: str, case: SanitizerCase, out: RunOutputs, *, timeout: float) -> ToolResult:
+def classify_run(tool: str, case: SanitizerCase, out: RunOutputs, *, timeout: float) -> ToolResult:
     """The verdict on one sanitized run, from its outputs alone."""
     result = ToolResult(tool, case.name, "failed", None, out.exit_code, 0, 0, round(out.seconds, 3), [],
                         case.expected, replay_command(tool, case))
@@ -254,7 +254,7 @@ def run_sanitized(binary: SanitizerBinary, tool: str, case: SanitizerCase, out_d
     code, seconds, timed_out, stderr = _execute(inv.argv, inv.env, timeout, stem)
     outputs = RunOutputs(code, seconds, timed_out, _read(inv.xml_path), _read(inv.log_path),
                          _sentinel(inv.sentinel_path), stderr)
-    result = judge(tool, case, outputs, timeout=timeout)
+    result = classify_run(tool, case, outputs, timeout=timeout)
     result.raw = {kind: path.name for kind, path in (("xml", inv.xml_path), ("log", inv.log_path),
                                                      ("sentinel", inv.sentinel_path)) if path.is_file()}
     if plain:

@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 import torch
 
 from harness.case import Batch, Case, Mutation, Request
+from harness.device import DeviceKind
 from harness.engine import run_case
 from harness.errors import EnvironmentBroken
 from harness.sglang_target.api import KERNELS as KERNEL_MODULE
@@ -242,7 +243,7 @@ def run_kernels(module: ModuleType, *, graph: bool, device: str = "cuda", geomet
                 for name, tensor in x.items():
                     tensor.copy_(fresh[name])
                 cuda_graph.replay()
-            if device == "cuda":
+            if DeviceKind(device).uses_gpus:
                 torch.cuda.synchronize()
             if check:
                 _judge(module, x, window, topk, ratio, out)

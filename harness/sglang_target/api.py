@@ -41,7 +41,9 @@ from importlib.metadata import version as dist_version
 from typing import Any
 
 from harness.case import GRAPH_CONTRACTS
+from harness.device import DeviceKind
 from harness.errors import EnvironmentBroken
+from harness.semantics import Semantics
 from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_BACKEND, BUFFER_REGISTRY, GENERATIONS,
                                                GRAPH_CONFIG, GRAPH_RUNNER, INPUT_BUFFERS, KERNELS, KV_TRANSLATOR,
                                                SHAPE_KEY,
@@ -212,12 +214,12 @@ class SglangApi:
 
     version: str
     generation: Generation  # the API generation this version belongs to (`generations`)
-    kernels_on: str = "cpu"  # "cpu": Triton kernels interpreted; "cuda": compiled
+    kernels_on: DeviceKind = DeviceKind.CPU  # CPU: Triton kernels interpreted; CUDA: compiled
     mods: dict[str, Any] = field(default_factory=dict)
     stand_ins: StandIns = field(default_factory=StandIns)
 
     @property
-    def semantics(self) -> str:
+    def semantics(self) -> Semantics:
         """The reference model's semantics of this version's design: "0.5.23" (resolver) or "pr"."""
         return self.generation.semantics
 
@@ -248,7 +250,7 @@ class SglangApi:
         return next(getattr(cp_utils, name) for name in CP_PREDICATES if hasattr(cp_utils, name))(forward_batch)
 
     def describe(self) -> str:
-        how = "interpreted, CPU" if self.kernels_on == "cpu" else "compiled, CUDA"
+        how = "interpreted, CPU" if self.kernels_on is DeviceKind.CPU else "compiled, CUDA"
         return (f"sglang {self.version}, adapter {self.generation.name}: {self.generation.detail}, "
                 f"Triton kernels {how}")
 
@@ -256,7 +258,7 @@ class SglangApi:
         """SGLang's kernels run on the device kind they were defined for in this process."""
         if kind == self.kernels_on:
             return
-        if kind == "cuda":
+        if DeviceKind(kind) is DeviceKind.CUDA:
             raise EnvironmentBroken(
                 f"--target sglang --device cuda: TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} made "
                 "SGLang's Triton kernels interpreted in this process; unset it to run them compiled on the GPU")
@@ -359,13 +361,13 @@ def load_api() -> SglangApi:
         raise EnvironmentBroken(f"--target sglang: sglang {version} maybe_publish_prefill_shared_read_done{params} "
                                 f"does not take {want!r} second, as the {generation.name} generation needs")
     kernels_on = _check_kernels(mods["kernels"], version)
-    if kernels_on == "cpu":
+    if kernels_on is DeviceKind.CPU:
         _tune_interpreter(mods["kernels"], mods["swa_kernels"], generation)
     return SglangApi(version=version, generation=generation, kernels_on=kernels_on, mods=mods, stand_ins=stand_ins)
 
 
-def _check_kernels(kernels, version: str) -> str:
-    """"cpu" when both kernels are interpreted, "cuda" when both are compiled (one mode per process)."""
+def _check_kernels(kernels, version: str) -> DeviceKind:
+    """CPU when both kernels are interpreted, CUDA when both are compiled (one mode per process)."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -380,7 +382,7 @@ def _check_kernels(kernels, version: str) -> str:
     if len(set(interpreted.values())) != 1:
         raise EnvironmentBroken(f"--target sglang: sglang {version}'s Triton kernels are part interpreted, part "
                                 f"compiled ({interpreted}): TRITON_INTERPRET changed while triton was imported")
-    return "cpu" if interpreted[TRITON_KERNELS[0]] else "cuda"
+    return DeviceKind.CPU if interpreted[TRITON_KERNELS[0]] else DeviceKind.CUDA
 
 
 def _tune_interpreter(kernels, launcher, generation: Generation) -> None:

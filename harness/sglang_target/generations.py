@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from harness.semantics import Semantics
+
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 BASE_BACKEND = "sglang.srt.layers.attention.base_attn_backend"
 SPARSE_UTILS = "sglang.srt.layers.attention.dsv4.sparse_prefill_utils"
@@ -44,7 +46,7 @@ class Generation:
     """What the sglang target needs to know of one API generation."""
 
     name: str
-    semantics: str  # the reference model's semantics of the same design: "0.5.23" or "pr"
+    semantics: Semantics  # the reference model's semantics of the same design
     detail: str
     markers: tuple[tuple[str, str], ...]  # (module, dotted attribute) only this generation has
     names: tuple[tuple[str, str], ...]  # what else this generation must have
@@ -64,11 +66,11 @@ class Generation:
     @property
     def publishes_from_read_end(self) -> bool:
         """The publisher takes the resolved read end (0.5.23), not the forward batch (PR-era)."""
-        return self.semantics == "0.5.23"
+        return self.semantics.resolves_read_ends
 
 
 RESOLVER = Generation(
-    name="resolver", semantics="0.5.23",
+    name="resolver", semantics=Semantics.V0_5_23,
     detail="0.5.23 resolver (resolve_prefill_shared_read_ends + _snapshot_prefill_shared_reads)",
     markers=((BASE_BACKEND, "AttentionBackend.resolve_prefill_shared_read_ends"),
              (BACKEND, "DeepseekV4AttnBackend._snapshot_prefill_shared_reads")),
@@ -85,7 +87,7 @@ RESOLVER = Generation(
     stores_stashed_chunk=True, real_backend=True)
 
 PR_LATE = Generation(
-    name="pr-late", semantics="pr",
+    name="pr-late", semantics=Semantics.PR,
     detail="PR-era hook (prepare_prefill_shared_read_snapshot + prefill_shared_reads_snapshotted), "
            "0.5.21 form (request-window early return, compressed chunk-cache API)",
     markers=((BACKEND, "DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot"),
@@ -100,7 +102,7 @@ PR_LATE = Generation(
     stores_stashed_chunk=True)
 
 PR_EARLY = Generation(
-    name="pr-early", semantics="pr",
+    name="pr-early", semantics=Semantics.PR,
     detail="PR-era hook (prepare_prefill_shared_read_snapshot + prefill_shared_reads_snapshotted), "
            "0.5.19 form (the seed's hook, ensure_c4 chunk-cache API)",
     markers=((BACKEND, "DeepseekV4AttnBackend.prepare_prefill_shared_read_snapshot"),

@@ -172,7 +172,7 @@ def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_len
                            ("extend_lens", extend_lens, torch.int64), ("pin_buffer", pin_buffer, torch.uint8)):
         if t.dtype != dtype:
             raise ValueError(f"plan_compress_prefill stand-in: {name} must be {dtype}, got {t.dtype}")
-    if seq_lens.device.type != "cpu" or extend_lens.device.type != "cpu":
+    if not (seq_lens.is_cpu and extend_lens.is_cpu):
         raise NotImplementedError("plan_compress_prefill stand-in: only the host-input path (seq_lens and extend_lens "
                                   "on the CPU) is stood in")
     batch_size = req_pool_indices.shape[0]

@@ -95,7 +95,7 @@ def _flash_mla_loads() -> bool:
 def prepare(api) -> list[str]:
     """Once per process: the published server, the FlashMLA and JIT stand-ins. Returns what was stood in."""
     if not _prepared:
-        server.publish(api, "cuda" if api.kernels_on == "cuda" else "cpu")
+        server.publish(api, api.kernels_on.value)
         if not _flash_mla_loads():
             _prepared.extend(sorted(flash_mla.install()))
         _prepared.extend(jit_kernels.install())

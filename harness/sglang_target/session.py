@@ -101,6 +101,7 @@ from typing import Any, Optional
 import torch
 
 from harness.case import Case
+from harness.device import DeviceKind
 from harness.errors import InvalidArgument
 from harness.model.attention import sparse_attention_on
 from harness.model.backend import page_slot
@@ -284,7 +285,7 @@ class SglangSession(ReferenceSession):
 
     def __init__(self, api, case: Case, device):
         if case.semantics != api.semantics:
-            raise InvalidArgument(f"case semantics={case.semantics!r}: the installed {api.describe()} implements "
+            raise InvalidArgument(f"case semantics={case.semantics.value!r}: the installed {api.describe()} implements "
                                   f"--semantics {api.semantics} only")
         api.check_device(device.kind)
         if case.flags.cp_active and not api.generation.runs_cp:
@@ -303,8 +304,8 @@ class SglangSession(ReferenceSession):
         super().__init__(case, device, Classes())
         self.api = api
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
-        server.publish(api, "cuda" if device.kind == "cuda" else "cpu")
-        self.bridge = CudaEventBridge(device) if device.kind == "cuda" else None
+        server.publish(api, device.kind.value)
+        self.bridge = CudaEventBridge(device) if device.kind is DeviceKind.CUDA else None
         self.model_runner = SglangModelRunner(self)
         spec = self.model_runner.spec_algorithm
         if spec.is_none():
@@ -320,7 +321,7 @@ class SglangSession(ReferenceSession):
         self.scheduler = SchedulerShell(api, device_module=self.model_runner.device_module,
                                         schedule_stream=streams[0], forward_stream=streams[1], model_worker=worker,
                                         harness_device=device, harness_stream=self._harness_stream,
-                                        models_cuda=device.kind == "cuda")
+                                        models_cuda=device.kind is DeviceKind.CUDA)
 
     def load(self, world) -> ForwardBatch:
         """The reference's allocation, with the per-batch tensors in SGLang's dtypes: `seq_lens` and
@@ -441,7 +442,7 @@ class SglangModelRunner:
         cli_name = api.mods["spec_hook"]._resolve_speculative_algorithm_alias(case.spec.name, None)
         self.spec_algorithm = api.mods["spec"].SpeculativeAlgorithm.from_string(cli_name)
         self.shared_read_done_event = None
-        self.device = "cuda" if device.kind == "cuda" else register_sim_device()
+        self.device = device.kind.value if device.kind is DeviceKind.CUDA else register_sim_device()
         self.device_module = torch.get_device_module(self.device)
         self.device_timer = None
         self.support_pp, self.is_generation, self.is_draft_worker = False, True, False
