@@ -57,7 +57,7 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
 def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle, monkeypatch):
     monkeypatch.setattr(workers_module, "cpu_cores", lambda: 8)
     with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        worker_count(spec, device, gpus)
+        worker_count(spec, device, gpus, name="--workers", share_name="--gpu-share")
 
 
 def test_workers_share_gpus_round_robin_only_when_asked(tmp_path, monkeypatch):

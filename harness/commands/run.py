@@ -10,7 +10,7 @@ from typing import Optional
 
 from harness.campaign import Campaign, CampaignConfig, keeps_database
 from harness.choices import AUTO_JOBS_MAX, PROFILES
-from harness.commands.options import parse_without
+from harness.commands.options import parse_without, target_of
 from harness.coverage import describe as describe_coverage
 from harness.device import resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
@@ -19,7 +19,6 @@ from harness.interrupts import stop_on_signals
 from harness.oracles import oracle_names, parse_oracles
 from harness.progress import NORMAL, QUIET, VERBOSE, CampaignProgress
 from harness.sharding import Shard
-from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
 from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
@@ -37,7 +36,7 @@ def run(args) -> int:
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
         refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
-    target = load_target(args.target, mutant=args.mutant)
+    target = target_of(args)
     in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
     config = campaign_config(args, device, report_dir, processes=count)
     if in_workers and args.from_db:
@@ -83,7 +82,7 @@ def campaign_config(args, device: str, report_dir: Path, *, processes: int) -> C
     return CampaignConfig(
         target_spec=args.target, device=device, semantics=args.semantics, examples=args.examples, seed=args.seed,
         profile=args.profile, database_dir=report_dir / "examples", mutant=args.mutant, shrink=not args.no_shrink,
-        oracles=parse_oracles(args.oracles), from_db=args.from_db, isolate_s=isolate_s, seeds=not args.no_seeds,
+        oracles=parse_oracles(args.oracles, "--oracles"), from_db=args.from_db, isolate_s=isolate_s, seeds=not args.no_seeds,
         shard=Shard.parse(args.shard), shared_databases=tuple(args.example_db), keep_going=args.keep_going,
         jobs=args.jobs or auto_jobs(device, isolate_s, processes=processes), without=parse_without(args.without))
 
@@ -197,7 +196,7 @@ def worker_plan(spec: str, device: str, *, share: bool = False) -> tuple[bool, O
     if spec == "1":
         return False, None, 1
     gpus = visible_gpus() if device == "cuda" else None
-    return True, gpus, worker_count(spec, device, gpus, share=share)
+    return True, gpus, worker_count(spec, device, gpus, share=share, name="--workers", share_name="--gpu-share")
 
 
 def _run_workers(args, config: CampaignConfig, *, count, gpus, report_dir, stop) -> dict:
