@@ -47,7 +47,7 @@ from harness.isolation import IsolatedPool, IsolatedRunner
 from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
-
+from harness.validation import check_one_of, check_positive
 
 
 def keeps_database(profile: str, seed: Optional[int]) -> bool:
@@ -177,212 +177,287 @@ class CampaignResult:
         }
 
 
-def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu", semantics: str = "0.5.23",
-                 examples: Optional[int] = None, seed: Optional[int] = None, profile: str = "ci",
-                 database_dir: Optional[Path] = None, mutant: Optional[str] = None,
-                 on_case: Callable[[CampaignResult], None] = lambda r: None, shrink: bool = True,
-                 oracles: Optional[frozenset] = None, shrink_seconds: float = 30.0,
-                 seeds: bool = True, from_db: bool = False, isolate_s: Optional[float] = None,
-                 shard: Shard = WHOLE, shared_databases: Sequence[str] = (),
-                 should_stop: Callable[[], Optional[str]] = lambda: None, keep_going: int = 1,
-                 jobs: int = 1, without: frozenset[str] = frozenset()) -> CampaignResult:
-    """`seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
+@dataclass(frozen=True)
+class CampaignConfig:
+    """What a campaign runs, made once from the options and checked as it is made, so that no layer
+    below checks it again. The names are the library's: a bad value is refused naming the field, and
+    the command line checks its flags before it builds one (`harness.commands.run`).
+
+    `seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
     `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
     context or hangs is a finding with its replay command, not the end of the run.
     `shard`: judge only this part of the case stream (the database pass is replayed whole).
-    `shared_databases`: --example-db specs combined with `database_dir` (`harness.example_db`).
-    `should_stop`: polled before each case; a reason (a signal's name) ends the campaign early with
-    what it has, marked `interrupted`.
+    `shared_databases`: database specs (a directory or redis://HOST:PORT) combined with `database_dir` (`harness.example_db`).
     `keep_going`: collect up to this many distinct failures (`failure_signature`) before stopping,
     each shrunk afterwards by `harness.shrink` (1: stop at the first, shrunk by hypothesis).
     `jobs`: judge up to this many cases at once, each in its own child (needs `isolate_s`); the stream,
-    the count, the first detection and the shrunk case are those of one case at a time. A random
-    profile without a seed gets one drawn here (recorded), as the failure's replay redraws the stream."""
-    if profile not in PROFILES:
-        raise InvalidArgument(f"--profile={profile!r} is not one of: {', '.join(PROFILES)}")
-    if examples is not None and examples < 1:
-        raise InvalidArgument(f"--examples={examples}: must be >= 1")
-    if keep_going < 1:
-        raise InvalidArgument(f"--keep-going={keep_going}: must be >= 1 (the number of distinct failures to collect)")
-    check_jobs(jobs, isolate_s)
-    base = dict(PROFILES[profile])
-    if jobs > 1 and seed is None and not base["derandomize"]:
-        seed = random.getrandbits(32)
-    if examples is not None:
-        base["max_examples"] = examples
-    if seed is not None:
-        base["derandomize"] = False  # an explicit seed replaces the profile's fixed one
-    if base["derandomize"] and (from_db or shared_databases):
-        flag = "--from-db" if from_db else "--example-db"
-        raise InvalidArgument(f"{flag}: the {profile!r} profile is derandomized and keeps no example database (dev and "
-                              "nightly do, and so does any profile with --seed)")
-    # The seeds count as examples: --examples N runs N cases in all.
-    dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))
-    contracts = getattr(target, "graph_contracts", GRAPH_CONTRACTS)
-    cannot_run = getattr(target, "cannot_run", frozenset())
-    impossible = unreachable(without=without, cannot_run=cannot_run, contracts=contracts)
-    reachable = tuple(value for value in VALUES if value not in impossible)
-    without = without | cannot_run
-    chosen_seeds = (seed_cases(semantics, without, dims, contracts)[: max(0, base["max_examples"] - 1)]
-                    if seeds else [])
-    base["max_examples"] -= len(chosen_seeds)
-    first_cases = min(FIRST_CASES, base["max_examples"] - 1)  # the coverage-first phase's most: the drawn cases keep one
-    db = None if base["derandomize"] else open_database(database_dir, shared_databases)
-    if from_db and db is None:
-        raise InvalidArgument("--from-db: no example database to replay from (no report folder, no --example-db)")
-    result = CampaignResult(target=target_spec, device=device, semantics=semantics, seed=seed, profile=profile,
-                            shard=shard, stand_ins=list(getattr(target, "stand_ins", [])), jobs=jobs,
-                            target_description=getattr(target, "description", ""), without=sorted(without),
-                            coverage=Coverage(unreachable=impossible))
-    start = time.perf_counter()
+    the count, the first detection and the shrunk case are those of one case at a time."""
 
-    failing: dict[tuple[str, str], CaseResult] = {}
-    runner = None
-    if isolate_s:
-        runner = IsolatedPool(jobs, timeout_s=isolate_s) if jobs > 1 else IsolatedRunner(timeout_s=isolate_s)
-    judge = runner.run_case if runner else functools.partial(run_case, target)
-    if jobs > 1:
-        judge = _timed(judge, result)
-    stream_position = 0  # calls of the partitioned pass before the first detection
-    collected: dict[tuple, tuple[CaseResult, str]] = {}  # --keep-going: signature -> (failure, its schedule)
-    dealt: deque = deque()  # --jobs: (position, case, schedule, future) of the cases dealt and not yet counted
-    replaying_to: Optional[tuple[str, str]] = None  # --jobs: the failure the replay of the stream stops at
-    shrink_from = 0.0  # when the shrinking began (perf_counter)
-    first = CoverageFirst(frozenset(reachable))  # the coverage-first phase of the stream's current run (`run_stream`)
+    target_spec: str = "reference"
+    device: str = "cpu"
+    semantics: str = "0.5.23"
+    examples: Optional[int] = None
+    seed: Optional[int] = None
+    profile: str = "ci"
+    database_dir: Optional[Path] = None
+    mutant: Optional[str] = None
+    shrink: bool = True
+    oracles: Optional[frozenset] = None
+    shrink_seconds: float = 30.0
+    seeds: bool = True
+    from_db: bool = False
+    isolate_s: Optional[float] = None
+    shard: Shard = WHOLE
+    shared_databases: tuple[str, ...] = ()
+    keep_going: int = 1
+    jobs: int = 1
+    without: frozenset[str] = frozenset()
 
-    def count(case, schedule, judged, position: Optional[int], *, partitioned: bool) -> None:
+    def __post_init__(self):
+        object.__setattr__(self, "shared_databases", tuple(self.shared_databases))  # frozen: no list shared
+        object.__setattr__(self, "without", frozenset(self.without))
+        check_one_of(self.profile, PROFILES, "profile")
+        if self.examples is not None:
+            check_positive(self.examples, "examples")
+        check_positive(self.keep_going, "keep_going")
+        check_positive(self.jobs, "jobs")
+        if self.jobs > 1 and not self.isolate_s:
+            raise InvalidArgument(f"jobs={self.jobs}: cases judged at once are each judged in a child process; "
+                                  f"isolate_s={self.isolate_s!r} leaves none")
+        if self.derandomized and (self.from_db or self.shared_databases):
+            name = "from_db" if self.from_db else "shared_databases"
+            raise InvalidArgument(f"{name}: the {self.profile!r} profile is derandomized and keeps no example "
+                                  "database (dev and nightly do, and so does any profile with a seed)")
+        if self.from_db and self.database_dir is None and not self.shared_databases:
+            raise InvalidArgument("from_db: no example database to replay from (no database_dir, no shared_databases)")
+
+    @property
+    def derandomized(self) -> bool:
+        """Whether hypothesis draws the profile's fixed stream, and keeps no example database."""
+        return not keeps_database(self.profile, self.seed)
+
+    @property
+    def max_examples(self) -> int:
+        """The cases in all: the seeds count as examples, so `examples` N runs N cases."""
+        return self.examples if self.examples is not None else PROFILES[self.profile]["max_examples"]
+
+    def with_fixed_stream(self) -> CampaignConfig:
+        """This config with a seed drawn now (and recorded) if its profile is random and has none: the
+        stream is then drawn again alike, by a failure's replay, by the dealt pass or by workers."""
+        if self.seed is not None or PROFILES[self.profile]["derandomize"]:
+            return self
+        return dataclasses.replace(self, seed=random.getrandbits(32))
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """The case stream's parts, fixed before its first case: the seed cases, how many cases the
+    coverage-first phase may keep, and the gate switches and coverage values the target leaves out."""
+
+    seeds: tuple
+    drawn_examples: int  # the examples hypothesis draws after the seeds
+    first_cases: int  # the coverage-first phase's most: the drawn cases keep one
+    reachable: tuple
+    unreachable: frozenset
+    without: frozenset[str]  # the config's and the target's (`cannot_run`)
+    dims: tuple
+    contracts: object
+
+    @classmethod
+    def of(cls, target, config: CampaignConfig) -> StreamPlan:
+        dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))
+        contracts = getattr(target, "graph_contracts", GRAPH_CONTRACTS)
+        cannot_run = getattr(target, "cannot_run", frozenset())
+        impossible = unreachable(without=config.without, cannot_run=cannot_run, contracts=contracts)
+        without = config.without | cannot_run
+        seeds = (tuple(seed_cases(config.semantics, without, dims, contracts)[: max(0, config.max_examples - 1)])
+                 if config.seeds else ())
+        drawn = config.max_examples - len(seeds)
+        return cls(seeds=seeds, drawn_examples=drawn, first_cases=min(FIRST_CASES, drawn - 1),
+                   reachable=tuple(value for value in VALUES if value not in impossible), unreachable=impossible,
+                   without=without, dims=dims, contracts=contracts)
+
+
+def run_campaign(target, *, on_case: Callable[[CampaignResult], None] = lambda r: None,
+                 should_stop: Callable[[], Optional[str]] = lambda: None, **options) -> CampaignResult:
+    """The campaign of `CampaignConfig(**options)` against `target`, in one call (tests, the kill table)."""
+    return Campaign(target, CampaignConfig(**options), on_case=on_case, should_stop=should_stop).run()
+
+
+class Campaign:
+    """One campaign against `target`: the database pass, then the case stream (dealt to children with
+    `jobs` > 1, `DealtPass`), then the shrinking. `on_case(result)` after each counted case;
+    `should_stop()` is polled before each case: a reason (a signal's name) ends the campaign early with
+    what it has, marked `interrupted`."""
+
+    def __init__(self, target, config: CampaignConfig, *,
+                 on_case: Callable[[CampaignResult], None] = lambda r: None,
+                 should_stop: Callable[[], Optional[str]] = lambda: None):
+        self.config = config.with_fixed_stream() if config.jobs > 1 else config
+        config = self.config
+        self.target, self.on_case, self.should_stop = target, on_case, should_stop
+        self.plan = StreamPlan.of(target, config)
+        self.db = None if config.derandomized else open_database(config.database_dir, config.shared_databases)
+        self.result = CampaignResult(
+            target=config.target_spec, device=config.device, semantics=config.semantics, seed=config.seed,
+            profile=config.profile, shard=config.shard, stand_ins=list(getattr(target, "stand_ins", [])),
+            jobs=config.jobs, target_description=getattr(target, "description", ""),
+            without=sorted(self.plan.without), coverage=Coverage(unreachable=self.plan.unreachable))
+        self.start = time.perf_counter()
+        self.runner = None
+        if config.isolate_s:
+            self.runner = (IsolatedPool(config.jobs, timeout_s=config.isolate_s) if config.jobs > 1
+                           else IsolatedRunner(timeout_s=config.isolate_s))
+        judge = self.runner.run_case if self.runner else functools.partial(run_case, target)
+        self._judge = _timed(judge, self.result) if config.jobs > 1 else judge
+        self.case_options = dict(target_spec=config.target_spec, mutant=config.mutant, oracles=config.oracles)
+        strategy_options = dict(budget=PROFILE_BUDGETS[config.profile], dims=self.plan.dims,
+                                contracts=self.plan.contracts)
+        self.cases_drawn = cases(config.semantics, without=self.plan.without, **strategy_options)
+        self.cases_covering = covering_cases(config.semantics, reachable=self.plan.reachable, **strategy_options)
+        self.failing: dict[tuple[str, str], CaseResult] = {}  # the failures judged, which hypothesis replays
+        self.collected: dict[tuple, tuple[CaseResult, str]] = {}  # keep_going: signature -> (failure, its schedule)
+        self.stream_position = 0  # cases of the partitioned pass met before the first detection
+        self.replaying_to: Optional[tuple[str, str]] = None  # jobs: the failure the replay of the stream stops at
+        self.shrink_from = 0.0  # when the shrinking began (perf_counter)
+        self.first = CoverageFirst(frozenset(self.plan.reachable))  # the coverage-first phase of `run_stream`'s run
+
+    def run(self) -> CampaignResult:
+        """The passes, then the shrinking of what they found; the children are closed whatever happens."""
+        main_phases = [Phase.explicit] if self.config.from_db else [Phase.explicit, Phase.generate, Phase.target]
+        try:
+            try:
+                if self.db is not None:
+                    self.database_pass()
+                if self.config.jobs > 1:
+                    DealtPass(self).run(main_phases)
+                else:
+                    self.run_stream(main_phases)
+            except FindingRaised as raised:
+                self.keep_minimal(raised)
+            except (CampaignInterrupted, EnoughFailures):
+                pass
+            if self.collected:
+                self.shrink_collected()
+        finally:
+            if self.runner:
+                self.runner.close()
+        self.result.duration_s = time.perf_counter() - self.start
+        return self.result
+
+    def judge(self, case, schedule: str) -> CaseResult:
+        """`case` judged under `schedule`, in this process or in a child (`isolate_s`)."""
+        return self._judge(case, self.config.device, schedule=schedule, **self.case_options)
+
+    def next_position(self) -> int:
+        """The position in the stream of the case met now, the stream advanced past it."""
+        position, self.stream_position = self.stream_position, self.stream_position + 1
+        return position
+
+    def stop_requested(self) -> Optional[str]:
+        """The reason to stop, if one was given since the last case; the result is marked with it."""
+        reason = self.should_stop()
+        if reason:
+            self.result.interrupted = reason
+        return reason
+
+    def count(self, case, schedule, judged, position: Optional[int], *, partitioned: bool) -> None:
         """One case of the campaign counted, in stream order (not one tried while shrinking)."""
-        nonlocal shrink_from
+        result = self.result
         result.cases += 1
         if not partitioned:
             result.replayed_from_db += 1
-        result.cases_log.append({**_case_record(result.cases, time.perf_counter() - start, case, schedule, judged,
-                                                position), "phase": stream_phase(position)})
+        result.cases_log.append({**_case_record(result.cases, time.perf_counter() - self.start, case, schedule,
+                                                judged, position), "phase": self.stream_phase(position)})
         result.coverage.add(case, position)
         if judged.findings:
             result.failure_signatures.add(failure_signature(judged))
-        on_case(result)
+        self.on_case(result)
         if judged.findings and result.first_detection_seconds is None:
             result.first_detection_examples = result.cases
-            result.first_detection_seconds = time.perf_counter() - start
-            result.found_on_seed = partitioned and case in chosen_seeds
-            shrink_from = time.perf_counter()
-        if judged.findings and keep_going > 1:
-            collected.setdefault(failure_signature(judged), (judged, schedule))
-            if len(collected) >= keep_going:
+            result.first_detection_seconds = time.perf_counter() - self.start
+            result.found_on_seed = partitioned and case in self.plan.seeds
+            self.shrink_from = time.perf_counter()
+        if judged.findings and self.config.keep_going > 1:
+            self.collected.setdefault(failure_signature(judged), (judged, schedule))
+            if len(self.collected) >= self.config.keep_going:
                 raise EnoughFailures()
 
-    def campaign_case(case, schedule, *, partitioned: bool):
-        nonlocal stream_position, replaying_to, shrink_from
+    def campaign_case(self, case, schedule, *, partitioned: bool) -> None:
+        """One case hypothesis met: of the stream (judged and counted, if this shard's), replayed from the
+        database, or tried while shrinking (judged within the shrink budget, not counted)."""
         key = (case.to_json(), schedule)
-        if replaying_to is not None:
-            if key != replaying_to:
+        if self.replaying_to is not None:
+            if key != self.replaying_to:
                 return  # the dealt pass judged and counted this case (clean), or it is another shard's
-            replaying_to, shrink_from = None, time.perf_counter()  # hypothesis shrinks from here
-        judged = failing.get(key)  # hypothesis replays its minimal example at the end
+            self.replaying_to, self.shrink_from = None, time.perf_counter()  # hypothesis shrinks from here
+        judged = self.failing.get(key)  # hypothesis replays its minimal example at the end
         if judged is None:
-            detected = result.first_detection_seconds is not None and keep_going == 1
-            reason = should_stop()
-            if reason:
-                result.interrupted = reason
-                if not detected:
-                    raise CampaignInterrupted(reason)
-            if reason or (detected and time.perf_counter() - shrink_from > shrink_seconds):
+            detected = self.result.first_detection_seconds is not None and self.config.keep_going == 1
+            reason = self.stop_requested()
+            if reason and not detected:
+                raise CampaignInterrupted(reason)
+            if reason or (detected and time.perf_counter() - self.shrink_from > self.config.shrink_seconds):
                 return  # stopped, or the shrink budget is spent: keep the smallest failure found so far
-            position = stream_position if partitioned else None
-            if partitioned and not detected:
-                stream_position += 1
-                if not shard.owns(position):
-                    return  # another shard's case
-            judged = judge(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant, oracles=oracles)
-            result.add_phases(judged)
+            position = self.stream_position if partitioned else None
+            if partitioned and not detected and not self.config.shard.owns(self.next_position()):
+                return  # another shard's case
+            judged = self.judge(case, schedule)
+            self.result.add_phases(judged)
             if not detected:
-                count(case, schedule, judged, position, partitioned=partitioned)
-                if keep_going > 1:
+                self.count(case, schedule, judged, position, partitioned=partitioned)
+                if self.config.keep_going > 1:
                     return  # keep drawing: the next distinct failure may be elsewhere
         if judged.findings:
-            failing[key] = judged
+            self.failing[key] = judged
             raise FindingRaised(judged)
 
-    def deal(case, schedule, *, partitioned: bool):
-        """--jobs: the stream's case handed to a free child; the ones judged so far counted in order."""
-        nonlocal stream_position
-        reason = should_stop()
-        if reason:
-            result.interrupted = reason
-            raise CampaignInterrupted(reason)
-        position, stream_position = stream_position, stream_position + 1
-        if shard.owns(position):
-            future = runner.submit(case, device, schedule=schedule, target_spec=target_spec, mutant=mutant,
-                                   oracles=oracles)
-            dealt.append((position, case, schedule, future))
-        settle(every_case=False)
-
-    def settle(*, every_case: bool) -> None:
-        """--jobs: counts the dealt cases judged so far, in stream order, so that the count, the log and
-        the first detection are those of a campaign judging one case at a time. Waits while `jobs`
-        cases are being judged, or with `every_case` until every dealt case is counted. A failure
-        (without --keep-going) ends the pass: `FailureDealt`."""
-        while dealt:
-            position, case, schedule, future = dealt[0]
-            if not future.done():
-                running = [entry[3] for entry in dealt if not entry[3].done()]
-                if not every_case and len(running) < jobs:
-                    return
-                began = time.perf_counter()
-                futures.wait(running, return_when=futures.FIRST_COMPLETED)
-                result.waited_s += time.perf_counter() - began
-                continue
-            dealt.popleft()
-            judged = future.result()
-            result.add_phases(judged)
-            count(case, schedule, judged, position, partitioned=True)
-            if judged.findings and keep_going == 1:
-                raise FailureDealt(judged, schedule)
-
-    def stream_phase(position: Optional[int]) -> StreamPhase:
+    def stream_phase(self, position: Optional[int]) -> StreamPhase:
         """The part of the stream a counted case belongs to: the seed cases, then the coverage-first phase's."""
         if position is None:
             return StreamPhase.DATABASE
-        if position < len(chosen_seeds):
+        if position < len(self.plan.seeds):
             return StreamPhase.SEED
-        return StreamPhase.COVERAGE_FIRST if position < len(chosen_seeds) + first.cases else StreamPhase.DRAWN
+        return (StreamPhase.COVERAGE_FIRST if position < len(self.plan.seeds) + self.first.cases
+                else StreamPhase.DRAWN)
 
-    def drawing() -> bool:
+    def drawing(self) -> bool:
         """Whether a case met now is the stream's next one: not one hypothesis tries while shrinking a failure."""
-        return replaying_to is not None or result.first_detection_seconds is None or keep_going > 1
+        return (self.replaying_to is not None or self.result.first_detection_seconds is None
+                or self.config.keep_going > 1)
 
-    def covering_case(case, schedule, *, partitioned: bool, handle):
+    def covering_case(self, case, schedule, *, partitioned: bool, handle) -> None:
         """A case of the coverage-first phase: the stream keeps it only if it reaches a value no case before it
         reached (hypothesis draws another instead). Once every reachable value is reached the phase is over: the
         draws left of its examples are neither kept nor judged (raising to stop hypothesis would store the draw in
         the example database, as it stores any example that raises). A failure replayed from the database (not
         `partitioned`) or shrunk is judged as it is."""
-        if partitioned and drawing():
-            if first.complete:
+        if partitioned and self.drawing():
+            if self.first.complete:
                 return
-            if not first.keeps(case, schedule):
+            if not self.first.keeps(case, schedule):
                 reject()
         handle(case, schedule, partitioned=partitioned)
 
-    def drawn_case(case, schedule, *, handle):
+    def drawn_case(self, case, schedule, *, handle) -> None:
         """A case drawn after the coverage-first phase; one the phase judged already is drawn again: hypothesis
         draws each test's simplest case first, and the simplest drawn case is also the simplest one aimed at the
         table's first value (an EXTEND batch)."""
-        if drawing() and (case.to_json(), schedule) in first.kept:
+        if self.drawing() and (case.to_json(), schedule) in self.first.kept:
             reject()
         handle(case, schedule, partitioned=True)
 
-    cases_drawn = cases(semantics, budget=PROFILE_BUDGETS[profile], without=without, dims=dims, contracts=contracts)
-    cases_covering = covering_cases(semantics, budget=PROFILE_BUDGETS[profile], reachable=reachable, dims=dims,
-                                    contracts=contracts)
-
-    def hypothesis_test(phases, strategy, body, *, examples: int, part: str = "", explicit: Sequence = (),
+    def hypothesis_test(self, phases, strategy, body, *, examples: int, part: str = "", explicit: Sequence = (),
                         shrinks: bool = True):
         """`body(case, schedule)` on the cases of `strategy`; `part` keeps the coverage-first phase's failures
         apart from the drawn ones' in the example database (and its stream apart under a derandomized profile)."""
-        hypothesis_shrinks = shrinks and shrink and keep_going == 1  # --keep-going's failures are shrunk afterwards
+        config = self.config
+        hypothesis_shrinks = shrinks and config.shrink and config.keep_going == 1  # keep_going's: shrunk afterwards
+        # Hypothesis seeds a derandomized stream from the inner test's source text (`function_digest`), so the
+        # decorator and body lines below are kept as they were written when the kill tables and BENCHMARKS
+        # figures were measured: editing them moves every `ci` stream. These names serve those lines.
+        db, device, base = self.db, config.device, {"derandomize": config.derandomized}
 
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
                   print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
@@ -392,104 +467,146 @@ def run_campaign(target, *, target_spec: str = "reference", device: str = "cpu",
             body(case, schedule)  # the same code in every pass: one derandomized stream
 
         test.hypothesis.inner_test._hypothesis_internal_add_digest = database_scope(
-            target_spec=target_spec, mutant=mutant, semantics=semantics, device=device) + part.encode()
+            target_spec=config.target_spec, mutant=config.mutant, semantics=config.semantics,
+            device=config.device) + part.encode()
         for case in reversed(explicit):
             test = example(case=case, schedule="adversarial")(test)
-        return _seeded(test, seed) if seed is not None else test
+        return _seeded(test, config.seed) if config.seed is not None else test
 
-    def run_stream(phases, *, handle=campaign_case, shrinks: bool = True) -> None:
+    def run_stream(self, phases, *, handle=None, shrinks: bool = True) -> None:
         """The case stream, from its start: the seed cases (`Phase.explicit`), the coverage-first cases, the drawn
         ones. The coverage-first phase starts from what the seeds reach, and how many cases it keeps sets how many
-        are drawn after it."""
-        nonlocal first
-        first = CoverageFirst(frozenset(reachable))
-        for case in chosen_seeds:
-            first.add(case)
+        are drawn after it. `handle`: what each case of the stream is given to (`campaign_case`)."""
+        handle = handle or self.campaign_case
+        plan = self.plan
+        self.first = CoverageFirst(frozenset(plan.reachable))
+        for case in plan.seeds:
+            self.first.add(case)
         drawn_phases = [phase for phase in phases if phase is not Phase.explicit]
         with pinned_stream():
-            if chosen_seeds and Phase.explicit in phases:
-                hypothesis_test([Phase.explicit], cases_drawn, functools.partial(handle, partitioned=True),
-                                examples=1, explicit=chosen_seeds, shrinks=shrinks)()
+            if plan.seeds and Phase.explicit in phases:
+                self.hypothesis_test([Phase.explicit], self.cases_drawn, functools.partial(handle, partitioned=True),
+                                     examples=1, explicit=plan.seeds, shrinks=shrinks)()
             if not drawn_phases:
                 return
-            if first_cases > 0 and not first.complete:
-                hypothesis_test(drawn_phases, cases_covering, functools.partial(covering_case, partitioned=True,
-                                                                                handle=handle),
-                                examples=first_cases, part=";coverage-first", shrinks=shrinks)()
-            hypothesis_test(drawn_phases, cases_drawn, functools.partial(drawn_case, handle=handle),
-                            examples=base["max_examples"] - first.cases, shrinks=shrinks)()
+            if plan.first_cases > 0 and not self.first.complete:
+                self.hypothesis_test(drawn_phases, self.cases_covering,
+                                     functools.partial(self.covering_case, partitioned=True, handle=handle),
+                                     examples=plan.first_cases, part=";coverage-first", shrinks=shrinks)()
+            self.hypothesis_test(drawn_phases, self.cases_drawn, functools.partial(self.drawn_case, handle=handle),
+                                 examples=plan.drawn_examples - self.first.cases, shrinks=shrinks)()
 
-    def database_pass() -> None:
+    def database_pass(self) -> None:
         """The failures stored in the example database, of the coverage-first phase and of the drawn cases; none
         is part of the stream."""
         with pinned_stream():
             for strategy, body, part in (
-                    (cases_covering, functools.partial(covering_case, partitioned=False, handle=campaign_case),
+                    (self.cases_covering,
+                     functools.partial(self.covering_case, partitioned=False, handle=self.campaign_case),
                      ";coverage-first"),
-                    (cases_drawn, functools.partial(campaign_case, partitioned=False), "")):
+                    (self.cases_drawn, functools.partial(self.campaign_case, partitioned=False), "")):
                 with contextlib.suppress(SkipTest):  # nothing stored for this part
-                    hypothesis_test([Phase.reuse], strategy, body, examples=base["max_examples"], part=part)()
+                    self.hypothesis_test([Phase.reuse], strategy, body, examples=self.plan.drawn_examples,
+                                         part=part)()
 
-    def dealt_pass(phases) -> None:
-        """--jobs: the case stream dealt to the children, counted in stream order. At its first failure
-        the stream is drawn again, one case at a time and judging none, up to that case, where the
-        failure is raised inside hypothesis, which shrinks it as a campaign judging one case at a time
-        would (the same seed draws the same stream)."""
-        nonlocal replaying_to
+    def keep_minimal(self, raised: FindingRaised) -> None:
+        """The failure the passes ended at, shrunk here if hypothesis could not: a seed case's, or one the
+        replay of the dealt stream did not meet."""
+        result = self.result
+        result.minimal = raised.result
+        shrink = self.config.shrink and not result.interrupted
+        if shrink and (result.found_on_seed or not raised.by_hypothesis):
+            result.minimal = shrink_failure(lambda c: self.judge(c, "adversarial"), raised.result,
+                                            budget_s=self.config.shrink_seconds)
+        if shrink:
+            result.shrunk = True
+            result.shrink_seconds = time.perf_counter() - self.start - result.first_detection_seconds
+
+    def shrink_collected(self) -> None:
+        """Each of keep_going's failures, shrunk under its own schedule policy, `shrink_seconds` each."""
+        result = self.result
+        shrink = self.config.shrink and not result.interrupted
+        began = time.perf_counter()
+        for failure, schedule in self.collected.values():
+            if shrink:
+                failure = shrink_failure(lambda c, schedule=schedule: self.judge(c, schedule), failure,
+                                         budget_s=self.config.shrink_seconds)
+            result.failures.append(failure)
+        result.minimal = result.failures[0]
+        result.shrunk = shrink
+        result.shrink_seconds = time.perf_counter() - began if shrink else None
+
+
+class DealtPass:
+    """`jobs` > 1: the case stream dealt to the children, counted in stream order. At its first failure
+    the stream is drawn again, one case at a time and judging none, up to that case, where the failure
+    is raised inside hypothesis, which shrinks it as a campaign judging one case at a time would (the
+    same seed draws the same stream)."""
+
+    def __init__(self, campaign: Campaign):
+        self.campaign = campaign
+        self.dealt: deque = deque()  # (position, case, schedule, future) of the cases dealt and not yet counted
+
+    def run(self, phases) -> None:
         try:
             try:
-                run_stream(phases, handle=deal, shrinks=False)
+                self.campaign.run_stream(phases, handle=self.deal, shrinks=False)
             except CampaignInterrupted:
-                settle(every_case=True)  # the cases in flight finish and count, as the one in flight does
+                self.settle(every_case=True)  # the cases in flight finish and count, as the one in flight does
                 raise
-            settle(every_case=True)
-            return
+            self.settle(every_case=True)
         except FailureDealt as stopped:
-            failure, schedule = stopped.result, stopped.schedule
+            self.replay_to(phases, stopped.result, stopped.schedule)
+
+    def deal(self, case, schedule, *, partitioned: bool) -> None:
+        """The stream's case handed to a free child; the ones judged so far counted in order."""
+        campaign = self.campaign
+        reason = campaign.stop_requested()
+        if reason:
+            raise CampaignInterrupted(reason)
+        position = campaign.next_position()
+        if campaign.config.shard.owns(position):
+            future = campaign.runner.submit(case, campaign.config.device, schedule=schedule, **campaign.case_options)
+            self.dealt.append((position, case, schedule, future))
+        self.settle(every_case=False)
+
+    def settle(self, *, every_case: bool) -> None:
+        """Counts the dealt cases judged so far, in stream order, so that the count, the log and the first
+        detection are those of a campaign judging one case at a time. Waits while `jobs` cases are being
+        judged, or with `every_case` until every dealt case is counted. A failure (keep_going 1) ends the
+        pass: `FailureDealt`."""
+        campaign = self.campaign
+        while self.dealt:
+            position, case, schedule, future = self.dealt[0]
+            if not future.done():
+                running = [entry[3] for entry in self.dealt if not entry[3].done()]
+                if not every_case and len(running) < campaign.config.jobs:
+                    return
+                began = time.perf_counter()
+                futures.wait(running, return_when=futures.FIRST_COMPLETED)
+                campaign.result.waited_s += time.perf_counter() - began
+                continue
+            self.dealt.popleft()
+            judged = future.result()
+            campaign.result.add_phases(judged)
+            campaign.count(case, schedule, judged, position, partitioned=True)
+            if judged.findings and campaign.config.keep_going == 1:
+                raise FailureDealt(judged, schedule)
+
+    def replay_to(self, phases, failure: CaseResult, schedule: str) -> None:
+        """The stream drawn again up to `failure`, for hypothesis to shrink it there; a seed's failure, or
+        one without shrinking, is raised as it is (a seed's is shrunk by `Campaign.keep_minimal`)."""
+        campaign = self.campaign
         key = (failure.case.to_json(), schedule)
-        failing[key] = failure
-        if not shrink or result.found_on_seed or result.interrupted:
-            raise FindingRaised(failure)  # a seed's failure is shrunk below, as one judged one at a time
-        replaying_to = key
-        run_stream(phases)
+        campaign.failing[key] = failure
+        if not campaign.config.shrink or campaign.result.found_on_seed or campaign.result.interrupted:
+            raise FindingRaised(failure)
+        campaign.replaying_to = key
+        campaign.run_stream(phases)
         print(f"warning: the replay of the stream did not meet its failing case {case_digest(failure.case, schedule)}: "
               "shrunk greedily instead of by hypothesis", file=sys.stderr)
         raise FindingRaised(failure, by_hypothesis=False)
 
-    main_phases = [Phase.explicit] if from_db else [Phase.explicit, Phase.generate, Phase.target]
-    passes = ([database_pass] if db is not None else []) + [
-        functools.partial(dealt_pass, main_phases) if jobs > 1 else functools.partial(run_stream, main_phases)]
-    try:
-        for run_pass in passes:
-            run_pass()
-    except FindingRaised as raised:
-        result.minimal = raised.result
-        if shrink and (result.found_on_seed or not raised.by_hypothesis) and not result.interrupted:
-            result.minimal = shrink_failure(lambda c: judge(c, device, schedule="adversarial", target_spec=target_spec,
-                                                            mutant=mutant, oracles=oracles),
-                                            raised.result, budget_s=shrink_seconds)
-        if shrink and not result.interrupted:
-            result.shrunk = True
-            result.shrink_seconds = time.perf_counter() - start - result.first_detection_seconds
-    except (CampaignInterrupted, EnoughFailures):
-        pass
-    try:
-        if collected:
-            _shrink_collected(result, collected, judge, device=device, target_spec=target_spec, mutant=mutant,
-                              oracles=oracles, shrink=shrink and not result.interrupted, budget_s=shrink_seconds)
-    finally:
-        if runner:
-            runner.close()
-    result.duration_s = time.perf_counter() - start
-    return result
-
-
-def check_jobs(jobs: int, isolate_s: Optional[float]) -> None:
-    if jobs < 1:
-        raise InvalidArgument(f"--jobs={jobs}: must be >= 1 (the cases judged at once)")
-    if jobs > 1 and not isolate_s:
-        raise InvalidArgument(f"--jobs={jobs}: cases judged at once are each judged in a child process; "
-                              "--isolate off leaves none (give --isolate SECONDS or auto)")
 
 
 def _timed(judge, result: CampaignResult):
@@ -507,22 +624,6 @@ def failure_signature(judged: CaseResult) -> tuple:
     """Failures are distinct by oracle, kind and location (the buffer or tensor, else the batch)."""
     first = judged.findings[0]
     return first.oracle, first.kind, first.details.get("buffer") or first.details.get("tensor") or first.batch
-
-
-def _shrink_collected(result: CampaignResult, collected: dict, judge, *, device, target_spec, mutant, oracles,
-                      shrink: bool, budget_s: float) -> None:
-    """Each of --keep-going's failures, shrunk under its own schedule policy, `budget_s` each."""
-    began = time.perf_counter()
-    for failure, schedule in collected.values():
-        if shrink:
-            failure = shrink_failure(lambda c, schedule=schedule: judge(c, device, schedule=schedule,
-                                                                        target_spec=target_spec, mutant=mutant,
-                                                                        oracles=oracles),
-                                     failure, budget_s=budget_s)
-        result.failures.append(failure)
-    result.minimal = result.failures[0]
-    result.shrunk = shrink
-    result.shrink_seconds = time.perf_counter() - began if shrink else None
 
 
 @contextlib.contextmanager

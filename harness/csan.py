@@ -18,11 +18,12 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 
 from harness.case import GRAPH_CONTRACTS
 from harness.engine import run_case
-from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.errors import EnvironmentBroken
 from harness.kernels import sparse_attention_for
 from harness.model.attention import sparse_attention
 from harness.strategies import cases, seed_cases
 from harness.targets.protocol import GraphReplay
+from harness.validation import check_positive
 
 GRAPH_BLIND = "CSAN cannot see the kernels a CUDA-graph replay launches"
 TRITON_BLIND = "CSAN cannot see Triton launches (they bypass torch's dispatcher)"
@@ -136,8 +137,7 @@ def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: str = 
 def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23", target_spec: str = "reference",
                             mutant: Optional[str] = None) -> dict:
     """The protocol's seed shapes, then drawn cases (derandomized), each judged three ways."""
-    if examples < 1:
-        raise InvalidArgument(f"--examples={examples}: must be >= 1")
+    check_positive(examples, "examples")
     observer = CsanObserver()
     judged: list[Opinions] = []
     dims = tuple(sorted(getattr(target, "fixed_dims", {}).items()))  # the sizes the target runs at

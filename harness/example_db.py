@@ -55,8 +55,9 @@ class ScopedDatabase(ExampleDatabase):
         self.db.move(self.scope + src, self.scope + dest, value)
 
 
-def check_shared(spec: str) -> str:
-    """A shared database spec as given to --example-db, refused before any work when malformed."""
+def check_shared(spec: str, name: str) -> str:
+    """A shared database spec, refused before any work when malformed, naming it as the caller knows it
+    (`name`: the flag that gave it, --example-db on the command line)."""
     if spec.startswith(REDIS_SCHEME):
         parts = urlsplit(spec)
         try:
@@ -65,13 +66,13 @@ def check_shared(spec: str) -> str:
             port = None
         db = parts.path.strip("/")
         if not parts.hostname or port is None or (db and not db.isdigit()):
-            raise InvalidArgument(f"--example-db={spec!r}: redis://HOST:PORT or redis://HOST:PORT/DB (DB a number)")
+            raise InvalidArgument(f"{name}={spec!r}: redis://HOST:PORT or redis://HOST:PORT/DB (DB a number)")
         return spec
     if "://" in spec:
-        raise InvalidArgument(f"--example-db={spec!r}: a directory or redis://HOST:PORT; no other scheme is known")
+        raise InvalidArgument(f"{name}={spec!r}: a directory or redis://HOST:PORT; no other scheme is known")
     path = Path(spec)
     if path.exists() and not path.is_dir():
-        raise InvalidArgument(f"--example-db={spec!r}: exists and is not a directory")
+        raise InvalidArgument(f"{name}={spec!r}: exists and is not a directory")
     return spec
 
 

@@ -40,6 +40,7 @@ from harness.device import context_error
 from harness.engine import Finding, replay_command, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
 from harness.targets import load_target
+from harness.validation import check_positive
 
 CASE_TIMEOUT_S = 300.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine is slow
@@ -232,8 +233,7 @@ class IsolatedPool:
 
     def __init__(self, size: int, *, timeout_s: float = CASE_TIMEOUT_S,
                  startup_timeout_s: float = STARTUP_TIMEOUT_S):
-        if size < 1:
-            raise InvalidArgument(f"--jobs={size}: must be >= 1 (the cases judged at once)")
+        check_positive(size, "size")
         self.size = size
         self._free: queue.SimpleQueue[IsolatedRunner] = queue.SimpleQueue()
         for _ in range(size):

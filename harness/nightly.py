@@ -142,7 +142,7 @@ def run(args) -> int:
     steps = plan(report_dir, device=device, examples=args.examples, workers=args.workers,
                  semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
                  progress_every=args.progress_every, seed=args.seed,
-                 example_dbs=tuple(check_shared(spec) for spec in args.example_db), target=args.target,
+                 example_dbs=tuple(check_shared(spec, "--example-db") for spec in args.example_db), target=args.target,
                  self_tests=args.self_tests)
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)

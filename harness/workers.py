@@ -66,16 +66,18 @@ def visible_gpus() -> list[str]:
         raise EnvironmentBroken(f"--workers on --device cuda needs NVML to count the GPUs: {exc}") from None
 
 
-def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, share: bool = False) -> int:
+def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, share: bool = False,
+                 name: str = "spec", share_name: str = "share") -> int:
     """`auto`: one per visible GPU on CUDA, one per core on the CPU; a number is taken as it is, but
     never more than the cores (64 workers on 2 cores once ran a minute without a line of output), and
     on CUDA never more workers than GPUs (each worker has a GPU of its own) unless `share`. `auto`
     with `share`: one worker per two cores (each worker is two processes, itself and the child that
-    judges its cases), at least one per GPU."""
+    judges its cases), at least one per GPU. A bad `spec` is refused naming it `name`, and `share`
+    `share_name`: the caller's names for them (the command line's flags)."""
     if spec != "auto" and not (spec.isdigit() and int(spec) > 0):
-        raise InvalidArgument(f"--workers={spec!r}: auto or a number of workers > 0")
+        raise InvalidArgument(f"{name}={spec!r}: auto or a number of workers > 0")
     if spec != "auto" and int(spec) > cpu_cores():
-        raise InvalidArgument(f"--workers={spec}: more workers than the {cpu_cores()} core(s) this process may run "
+        raise InvalidArgument(f"{name}={spec}: more workers than the {cpu_cores()} core(s) this process may run "
                               "on; each worker is a process judging cases, and more of them than cores only wait "
                               f"for each other: use at most {cpu_cores()}, or auto")
     if not DeviceKind(device).uses_gpus:
@@ -88,8 +90,8 @@ def worker_count(spec: str, device: str, gpus: Optional[list[str]] = None, *, sh
     else:
         count = int(spec)
     if count > len(gpus) and not share:
-        raise InvalidArgument(f"--workers={spec}: {len(gpus)} GPU(s) visible ({','.join(gpus)}), one per worker; "
-                              f"use --workers {len(gpus)} or auto, or --gpu-share to let workers share GPUs")
+        raise InvalidArgument(f"{name}={spec}: {len(gpus)} GPU(s) visible ({','.join(gpus)}), one per worker; "
+                              f"use {name} {len(gpus)} or auto, or {share_name} to let workers share GPUs")
     return count
 
 

@@ -147,7 +147,7 @@ def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
 def test_triage_of_a_target_without_an_attention_backend_names_what_is_missing(monkeypatch, capsys, tmp_path):
     """Once an AttributeError traceback; triage checks the session's `model_runner.attn_backend`."""
     bare = SimpleNamespace(name="bare", open=lambda case, device: SimpleNamespace(model_runner=SimpleNamespace()))
-    monkeypatch.setattr(triage_command, "load_target", lambda spec, mutant=None: bare)
+    monkeypatch.setattr(triage_command, "target_of", lambda args: bare)
     assert cli.main(["triage", "--device", "cpu", "--report-dir", str(tmp_path)]) == 2
     assert "its session has no model_runner.attn_backend" in capsys.readouterr().err
 

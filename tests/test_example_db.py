@@ -134,7 +134,7 @@ def test_another_campaign_does_not_replay_or_delete_the_failure(tmp_path):
 ])
 def test_a_malformed_database_is_refused(spec, needle):
     with pytest.raises(InvalidArgument, match=needle):
-        check_shared(spec)
+        check_shared(spec, "--example-db")
 
 
 def test_the_ci_profile_keeps_no_database_so_example_db_is_refused(tmp_path, capsys):

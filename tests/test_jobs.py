@@ -110,8 +110,8 @@ def test_a_crash_in_one_child_is_that_case_finding():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--jobs", "0"], "--jobs='0': a number of cases judged at once >= 1, or auto"),
-    (["--jobs", "many"], "--jobs='many': a number"),
+    (["--jobs", "0"], "argument --jobs: '0' is not a number of cases judged at once >= 1, or auto"),
+    (["--jobs", "many"], "argument --jobs: 'many' is not a number"),
     (["--jobs", "2", "--isolate", "off"], "--jobs=2: cases judged at once"),
 ])
 def test_bad_jobs_are_refused_before_any_work(tmp_path, capsys, argv, message):
@@ -122,7 +122,7 @@ def test_bad_jobs_are_refused_before_any_work(tmp_path, capsys, argv, message):
 
 
 def test_the_pool_refuses_no_children():
-    with pytest.raises(InvalidArgument, match="--jobs=0"):
+    with pytest.raises(InvalidArgument, match="size=0"):
         IsolatedPool(0)
 
 

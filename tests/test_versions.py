@@ -85,7 +85,7 @@ def test_versions_sort_by_packaging_not_as_text():
 @pytest.mark.parametrize("text", ["", "0.5.x,0.5.23"])
 def test_bad_versions_name_the_option(text):
     with pytest.raises(InvalidArgument, match="--versions"):
-        parse_versions(text)
+        parse_versions(text, "--versions")
 
 
 def test_the_first_failing_version_and_the_last_passing_one(tmp_path):

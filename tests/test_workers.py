@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from harness.cli import build_parser
 from harness.commands import run as run_command
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sharding import Shard
 from harness import workers as workers_module
 from harness.workers import cpu_cores, plan, worker_count
 from reports.folder import load_folder
+
+
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--profile", "dev", "--seed", "4", "--examples", "30", "--mutant", "scheduler_no_wait",
+     "--oracles", "policy,execution", "--without", "lmcache,hisparse", "--no-shrink", "--no-seeds",
+     "--keep-going", "3", "--jobs", "2", "--isolate", "30.5", "--semantics", "pr", "-q"],
+    ["--profile", "nightly", "--seed", "1", "--isolate", "off", "--example-db", "redis://host:6379", "-v"],
+])
+def test_a_worker_gets_the_campaign_config_of_its_run(tmp_path, flags):
+    """The worker's flags are the run's config turned back into flags: parsed in the worker, the same
+    config (but for the worker's own report folder), the output as verbose as the run's."""
+    parser = build_parser()
+    args = parser.parse_args(["run", "--device", "cpu", "--report-dir", str(tmp_path / "r"), *flags])
+    config = run_command.campaign_config(args, "cpu", Path(args.report_dir), processes=1)
+    argv = run_command.worker_argv(config, args, list(config.shared_databases))
+    worker = parser.parse_args(["run", *argv, "--report-dir", str(tmp_path / "w1")])
+    assert run_command.campaign_config(worker, "cpu", Path(worker.report_dir), processes=1) == \
+        dataclasses.replace(config, database_dir=tmp_path / "w1" / "examples")
+    assert (worker.quiet, worker.verbose, worker.progress_every) == (args.quiet, args.verbose, args.progress_every)
 
 
 def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
@@ -34,7 +57,7 @@ def test_auto_is_one_worker_per_visible_gpu_on_cuda_and_per_core_on_the_cpu():
 def test_bad_worker_counts_are_refused(spec, device, gpus, error, needle, monkeypatch):
     monkeypatch.setattr(workers_module, "cpu_cores", lambda: 8)
     with pytest.raises(error, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        worker_count(spec, device, gpus)
+        worker_count(spec, device, gpus, name="--workers", share_name="--gpu-share")
 
 
 def test_workers_share_gpus_round_robin_only_when_asked(tmp_path, monkeypatch):

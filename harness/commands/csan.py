@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.commands.options import target_of
 from harness.csan import second_opinion_campaign
 from harness.errors import ExitCode
-from harness.targets import load_target
 from reports.schema import CSAN
 from reports.writers import write_report
 
 
 def run(args) -> int:
     semantics = args.semantics
-    target = load_target(args.target, mutant=args.mutant)
+    target = target_of(args)
     summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
                                       mutant=args.mutant)
     summary.update(target=args.target, mutant=args.mutant, semantics=semantics)

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from harness.commands.options import read_case
-from harness.device import resolve_device
+from harness.commands.options import read_case, target_of
+from harness.device import DeviceKind, resolve_device
 from harness.engine import explore
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import parse_oracles
-from harness.targets import load_target
 
 
 def run(args) -> int:
-    if resolve_device(args.device) != "cpu":
+    if resolve_device(args.device) is not DeviceKind.CPU:
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
     case = read_case(args.case)
-    target = load_target(args.target, mutant=args.mutant)
+    target = target_of(args)
     outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,
-                      oracles=parse_oracles(args.oracles))
+                      oracles=parse_oracles(args.oracles, "--oracles"))
     per_oracle = ", ".join(f"{name} {count}" for name, count in sorted(outcome.by_oracle.items()))
     print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "
           f"{len(outcome.failing)} with findings{' (' + per_oracle + ')' if per_oracle else ''}")

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from harness.case import SEMANTICS, Case, Flags
 from harness.errors import InvalidArgument
+from harness.mutants.corpus import MUTANTS
+from harness.targets import Target, load_target
+from harness.validation import check_one_of
 
 
 def check_semantics(value: str) -> str:
@@ -23,6 +26,14 @@ def parse_without(value: str) -> frozenset[str]:
         raise InvalidArgument(f"--without={value!r}: {', '.join(unknown)} is not a gate switch; allowed: "
                               f"{', '.join(Flags.GATES)}")
     return names
+
+
+def target_of(args) -> Target:
+    """The target --target and --mutant name; a --mutant that is not a seeded bug of the corpus is
+    refused naming the flag (the corpus names its parameter)."""
+    if args.mutant is not None and args.target == "reference":
+        check_one_of(args.mutant, MUTANTS, "--mutant")
+    return load_target(args.target, mutant=args.mutant)
 
 
 def read_case(text: str) -> Case:

@@ -15,7 +15,7 @@ from harness.case import SEMANTICS, Flags
 from harness.errors import ExitCode
 from harness.choices import AUTO_JOBS_MAX, NIGHTLY_STEPS, PROFILES, SANITIZER_TARGETS, SANITIZER_TOOLS
 from harness.progress import PROGRESS_EVERY_S
-from harness.validation import MAX_EXAMPLES, integer, one_of, seconds, target_spec
+from harness.validation import MAX_EXAMPLES, count_or_auto, integer, one_of, seconds, target_spec, timeout_or_off
 from reports.writers import report_folder
 
 
@@ -81,10 +81,10 @@ def add_run(sub) -> None:
                           "stopping")
     parser.add_argument("--no-seeds", action="store_true",
                      help="draw every case: skip the hand-written seed cases of the protocol's shapes")
-    parser.add_argument("--isolate", default="auto",
+    parser.add_argument("--isolate", type=timeout_or_off, default="auto",
                      help="judge each case in a child process with this timeout in seconds, so a crash or hang is a "
                           "finding: SECONDS | off | auto (120 on cuda or with --jobs N > 1, off otherwise)")
-    parser.add_argument("--jobs", default="auto", metavar="N|auto",
+    parser.add_argument("--jobs", type=count_or_auto("cases judged at once"), default="auto", metavar="N|auto",
                         help="judge up to N cases at once, each in its own child process (isolated), this process "
                              "drawing the stream once; the count, the first detection and the shrunk case are those "
                              "of one case at a time. The children share this run's GPU: a case is mostly host work. "

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from harness.commands.options import read_case
+from harness.commands.options import read_case, target_of
 from harness.device import resolve_device
 from harness.engine import run_case
 from harness.errors import ExitCode
 from harness.oracles import parse_oracles
-from harness.targets import load_target
 
 
 def run(args) -> int:
     case = read_case(args.case)
     device = resolve_device(args.device)
-    target = load_target(args.target, mutant=args.mutant)
+    target = target_of(args)
     result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant,
-                      oracles=parse_oracles(args.oracles))
+                      oracles=parse_oracles(args.oracles, "--oracles"))
     print(f"case: {case.summary()}")
     print(f"schedule: {args.schedule}; executed order: forced:{result.overlapped.schedule}")
     for line in result.overlapped.trace:

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
-from harness.campaign import check_jobs, keeps_database, run_campaign
+from harness.campaign import Campaign, CampaignConfig, keeps_database
 from harness.choices import AUTO_JOBS_MAX, PROFILES
-from harness.commands.options import parse_without
+from harness.commands.options import parse_without, target_of
 from harness.coverage import describe as describe_coverage
-from harness.device import resolve_device
+from harness.device import DeviceKind, resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
 from harness.oracles import oracle_names, parse_oracles
 from harness.progress import NORMAL, QUIET, VERBOSE, CampaignProgress
 from harness.sharding import Shard
-from harness.targets import load_target
 from harness.telemetry import TelemetryWindow, annotate_summary
 from harness.workers import WORKERS_DIR, WorkerProcesses, announce_ready, visible_gpus, worker_count
 from harness.workers import plan as plan_workers
@@ -33,59 +31,88 @@ from reports.writers import new_staging_folder, refuse_other_runs, replace_repor
 
 
 def run(args) -> int:
-    semantics = args.semantics
+    device = resolve_device(args.device)
+    check_run_flags(args, device)
+    report_dir = Path(args.report_dir)
+    if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
+        refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
+    target = target_of(args)
+    in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
+    config = campaign_config(args, device, report_dir, processes=count)
+    if in_workers and args.from_db:
+        raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
+    with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
+        announce_ready()
+        if in_workers:
+            summary = _run_workers(args, config.with_fixed_stream(), count=count, gpus=gpus, report_dir=report_dir,
+                                   stop=stop)
+        else:
+            summary = _run_one(args, target, config, report_dir=report_dir, stop=stop)
+        return _print_result(args, summary, config=config, target=target, report_dir=report_dir)
+
+
+def check_run_flags(args, device: str) -> None:
+    """The checks of flags that are wrong only together, naming the flags, before any work (each flag's
+    own value is checked as it is parsed, `harness.commands.parsers`)."""
     shard = Shard.parse(args.shard)
     if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
         raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
                               "every shard, so that the shards are parts of one case stream")
-    shared = [check_shared(spec) for spec in args.example_db]
-    if (shared or args.from_db) and not keeps_database(args.profile, args.seed):
+    for spec in args.example_db:
+        check_shared(spec, name="--example-db")
+    if (args.example_db or args.from_db) and not keeps_database(args.profile, args.seed):
         flag = "--from-db" if args.from_db else "--example-db"
         raise InvalidArgument(f"{flag}: the {args.profile!r} profile is derandomized and keeps no example database "
                               "(dev and nightly do, and so does any profile with --seed)")
     if args.gpu_share and args.workers == "1":
         raise InvalidArgument("--gpu-share: workers share GPUs only with --device cuda and --workers N|auto "
                               "(here --workers 1)")
-    device = resolve_device(args.device)
-    if args.gpu_share and device != "cuda":
+    if args.gpu_share and not DeviceKind(device).uses_gpus:
         raise InvalidArgument(f"--gpu-share: workers share GPUs only with --device cuda and --workers N|auto "
                               f"(here --device {device})")
-    jobs = _jobs(args.jobs)
-    isolate_s = _isolate(args.isolate, device, jobs=jobs or 1)
-    check_jobs(jobs or 1, isolate_s)
-    oracles = parse_oracles(args.oracles)
-    without = parse_without(args.without)
-    report_dir = Path(args.report_dir)
-    if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
-        refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
-    target = load_target(args.target, mutant=args.mutant)
-    in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
-    args.jobs = jobs or auto_jobs(device, isolate_s, processes=count)  # the workers get the number
-    if in_workers and args.from_db:
-        raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
-    verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
-    with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
-        announce_ready()
-        if in_workers:
-            summary = _run_workers(args, device=device, semantics=semantics, shard=shard, count=count, gpus=gpus,
-                                   shared=shared, report_dir=report_dir, stop=stop)
-        else:
-            summary = _run_one(args, target=target, device=device, semantics=semantics, shard=shard, shared=shared,
-                               isolate_s=isolate_s, oracles=oracles, without=without, verbosity=verbosity,
-                               report_dir=report_dir, stop=stop)
-        return _print_result(args, summary, device=device, semantics=semantics, target=target, shard=shard,
-                             report_dir=report_dir)
+    if (args.jobs or 1) > 1 and not isolate_seconds(args.isolate, device, jobs=args.jobs):
+        raise InvalidArgument(f"--jobs={args.jobs}: cases judged at once are each judged in a child process; "
+                              "--isolate off leaves none (give --isolate SECONDS or auto)")
 
 
-def _print_result(args, summary: dict, *, device, semantics, target, shard, report_dir) -> int:
+def campaign_config(args, device: str, report_dir: Path, *, processes: int) -> CampaignConfig:
+    """The campaign the flags ask for, `--jobs auto` and `--isolate auto` resolved for this device and
+    the run's `processes` (workers)."""
+    isolate_s = isolate_seconds(args.isolate, device, jobs=args.jobs or 1)
+    return CampaignConfig(
+        target_spec=args.target, device=device, semantics=args.semantics, examples=args.examples, seed=args.seed,
+        profile=args.profile, database_dir=report_dir / "examples", mutant=args.mutant, shrink=not args.no_shrink,
+        oracles=parse_oracles(args.oracles, "--oracles"), from_db=args.from_db, isolate_s=isolate_s, seeds=not args.no_seeds,
+        shard=Shard.parse(args.shard), shared_databases=tuple(args.example_db), keep_going=args.keep_going,
+        jobs=args.jobs or auto_jobs(device, isolate_s, processes=processes), without=parse_without(args.without))
+
+
+def worker_argv(config: CampaignConfig, args, databases: list[str]) -> list[str]:
+    """`harness run`'s options that make a worker's campaign `config` (the worker's shard and report
+    folder are added to them), its output as verbose as this run's; `databases`: its --example-db.
+    tests/test_workers.py parses them back into the same config."""
+    values = {"--target": config.target_spec, "--device": config.device, "--profile": config.profile,
+              "--semantics": config.semantics, "--isolate": "off" if config.isolate_s is None else config.isolate_s,
+              "--progress-every": args.progress_every, "--workers": 1, "--mutant": config.mutant,
+              "--oracles": None if config.oracles is None else ",".join(sorted(config.oracles)),
+              "--examples": config.examples, "--seed": config.seed, "--without": ",".join(sorted(config.without)),
+              "--keep-going": config.keep_going, "--jobs": config.jobs}
+    switches = {"--no-shrink": not config.shrink, "--no-seeds": not config.seeds, "-q": args.quiet,
+                "-v": args.verbose}
+    argv = [arg for flag, value in values.items() if value not in (None, "") for arg in (flag, str(value))]
+    argv += [arg for db in databases for arg in ("--example-db", db)]
+    return argv + [flag for flag, on in switches.items() if on]
+
+
+def _print_result(args, summary: dict, *, config: CampaignConfig, target, report_dir) -> int:
     """What the campaign found, on stdout, and the exit code: found, else interrupted, else clean. The
     count is of failures (a failing case, with its replay command), as the progress line's."""
     failures: dict[str, list[dict]] = {}  # replay command -> that failing case's findings, in order
     for finding in summary["findings"]:
         failures.setdefault(finding["replay"], []).append(finding)
-    print(f"{summary['cases']} cases on {device} ({semantics}, target {target.name}"
-          f"{', shard ' + args.shard if shard.count > 1 else ''}"
-          f"{f', {args.jobs} judged at once' if args.jobs > 1 else ''}) in {summary['duration_s']:.1f}s"
+    print(f"{summary['cases']} cases on {config.device} ({config.semantics}, target {target.name}"
+          f"{', shard ' + args.shard if config.shard.count > 1 else ''}"
+          f"{f', {config.jobs} judged at once' if config.jobs > 1 else ''}) in {summary['duration_s']:.1f}s"
           f" ({summary['cases_per_second']} cases/s): {len(failures)} failure(s), {len(summary['findings'])} "
           "finding(s)")
     for row in summary.get("workers") or []:
@@ -123,27 +150,22 @@ def _print_result(args, summary: dict, *, device, semantics, target, shard, repo
     return ExitCode.INTERRUPTED if summary["interrupted"] else ExitCode.OK
 
 
-def _run_one(args, *, target, device, semantics, shard, shared, isolate_s, oracles, without, verbosity,
-             report_dir, stop) -> dict:
+def _run_one(args, target, config: CampaignConfig, *, report_dir: Path, stop) -> dict:
     """One campaign in this process; its summary and page replace the folder's in one step."""
-    total = args.examples or PROFILES[args.profile]["max_examples"]
-    with TelemetryWindow(required=device == "cuda") as window, \
-            CampaignProgress(len(range(shard.index - 1, total, shard.count)), verbosity=verbosity,
+    verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
+    shard = config.shard
+    with TelemetryWindow(required=DeviceKind(config.device).uses_gpus) as window, \
+            CampaignProgress(len(range(shard.index - 1, config.max_examples, shard.count)), verbosity=verbosity,
                              every_s=args.progress_every) as progress:
-        result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                              examples=args.examples, seed=args.seed, profile=args.profile,
-                              database_dir=report_dir / "examples", mutant=args.mutant, on_case=progress.update,
-                              shrink=not args.no_shrink, oracles=oracles, from_db=args.from_db, isolate_s=isolate_s,
-                              seeds=not args.no_seeds, keep_going=args.keep_going,
-                              shard=shard, shared_databases=shared, should_stop=stop, jobs=args.jobs,
-                              without=without)
+        result = Campaign(target, config, on_case=progress.update, should_stop=stop).run()
     summary = annotate_summary(result.summary(), window)
-    summary["mutant"] = args.mutant
-    summary["oracles"] = [name for name in oracle_names() if oracles is None or name in oracles]  # as they judged
-    summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None
+    summary["mutant"] = config.mutant
+    summary["oracles"] = [name for name in oracle_names()
+                          if config.oracles is None or name in config.oracles]  # as they judged
+    summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if DeviceKind(config.device).uses_gpus else None
     stop.writing()
-    name = REPLAY_SUMMARY if args.from_db else SUMMARY  # a replay keeps the nightly's own
-    _publish(report_dir, name, summary, keeps_workers=args.from_db)
+    name = REPLAY_SUMMARY if config.from_db else SUMMARY  # a replay keeps the nightly's own
+    _publish(report_dir, name, summary, keeps_workers=config.from_db)
     return summary
 
 
@@ -173,31 +195,19 @@ def worker_plan(spec: str, device: str, *, share: bool = False) -> tuple[bool, O
     report. The default runs in this process and needs no GPU listing (NVML) at all."""
     if spec == "1":
         return False, None, 1
-    gpus = visible_gpus() if device == "cuda" else None
-    return True, gpus, worker_count(spec, device, gpus, share=share)
+    gpus = visible_gpus() if DeviceKind(device).uses_gpus else None
+    return True, gpus, worker_count(spec, device, gpus, share=share, name="--workers", share_name="--gpu-share")
 
 
-def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_dir, stop) -> dict:
-    """`count` worker processes on the parts of `shard`, then one merged summary and page. A random
-    profile without --seed gets one seed drawn here, so that the workers share one case stream (the
-    summary records it, so the run can be repeated)."""
-    if args.seed is None and not PROFILES[args.profile]["derandomize"]:
-        args.seed = random.getrandbits(32)
+def _run_workers(args, config: CampaignConfig, *, count, gpus, report_dir, stop) -> dict:
+    """`count` worker processes on the parts of the config's shard, then one merged summary and page. The
+    config's stream is fixed (`CampaignConfig.with_fixed_stream`), so that the workers share one case
+    stream (the summary records its seed, so the run can be repeated)."""
     staging = new_staging_folder(report_dir)
     try:
-        workers = plan_workers(count, shard, staging, gpus)
-        databases = shared + ([str(report_dir / "examples")] if keeps_database(args.profile, args.seed) else [])
-        run_args = ["--target", args.target, "--device", device, "--profile", args.profile, "--semantics", semantics,
-                    "--isolate", args.isolate, "--progress-every", str(args.progress_every), "--workers", "1"]
-        for flag, value in (("--mutant", args.mutant), ("--oracles", args.oracles), ("--examples", args.examples),
-                            ("--seed", args.seed), ("--without", args.without or None)):
-            if value is not None:
-                run_args += [flag, str(value)]
-        run_args += [arg for db in databases for arg in ("--example-db", db)]
-        run_args += (["--no-shrink"] if args.no_shrink else []) + (["--no-seeds"] if args.no_seeds else [])
-        run_args += ["--keep-going", str(args.keep_going), "--jobs", str(args.jobs)]
-        run_args += (["-q"] if args.quiet else []) + (
-            ["-v"] if args.verbose else [])
+        workers = plan_workers(count, config.shard, staging, gpus)
+        databases = list(config.shared_databases) + ([] if config.derandomized else [str(report_dir / "examples")])
+        run_args = worker_argv(config, args, databases)
         processes = WorkerProcesses(workers, run_args)
         stop.forward_to(processes.signal)
         for worker in workers:
@@ -214,7 +224,7 @@ def _run_workers(args, *, device, semantics, shard, count, gpus, shared, report_
                 raise EnvironmentBroken(f"worker {worker.name} (shard {worker.shard}) exited {code} without a "
                                         f"campaign summary; its output ends:\n{log or '(nothing)'}")
             sources.append((f"{WORKERS_DIR}/{worker.name}", load_folder(worker.folder).summary))
-        summary = merge_summaries(sources, duration_s=wall_s, whole=shard.to_dict())
+        summary = merge_summaries(sources, duration_s=wall_s, whole=config.shard.to_dict())
         summary["interrupted"] = summary["interrupted"] or stop.signal_name
         _publish(report_dir, SUMMARY, summary, staging=staging)
         return summary
@@ -235,34 +245,20 @@ def _publish(report_dir: Path, name: str, summary: dict, *, staging: Optional[Pa
     replace_report(report_dir, replaced, build, staging=staging)
 
 
-def _jobs(value: str) -> Optional[int]:
-    """--jobs: the number asked for, or None for auto."""
-    if value == "auto":
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise InvalidArgument(f"--jobs={value!r}: a number of cases judged at once >= 1, or auto")
-    return int(value)
-
-
 def auto_jobs(device: str, isolate_s: Optional[float], *, processes: int) -> int:
     """--jobs auto: on CUDA with isolation, one job per two of the cores each of the run's `processes`
     (workers) has, at most AUTO_JOBS_MAX: a case keeps its child's core busy and the GPU mostly idle,
     and on an H200 with 16 cores 6, 8 and 12 jobs judged the same cases per second. On the CPU the
     forwards themselves are the work, so one case at a time, in this process."""
-    if device != "cuda" or not isolate_s:
+    if not DeviceKind(device).isolates_runs or not isolate_s:
         return 1
     return max(1, min(AUTO_JOBS_MAX, len(os.sched_getaffinity(0)) // (2 * processes)))
 
 
-def _isolate(value: str, device: str, *, jobs: int):
+def isolate_seconds(value, device: str, *, jobs: Optional[int]) -> Optional[float]:
+    """--isolate's timeout (`validation.isolate_option`: seconds, None for off, or auto): auto is 120 s on
+    CUDA or with more than one job (`jobs` None: --jobs auto, which is more than one only where auto
+    isolates), else none."""
     if value == "auto":
-        return 120.0 if device == "cuda" or jobs > 1 else None
-    if value == "off":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if seconds <= 0:
-        raise InvalidArgument(f"--isolate={value!r}: a timeout in seconds > 0, off, or auto")
-    return seconds
+        return 120.0 if DeviceKind(device).isolates_runs or (jobs or 1) > 1 else None
+    return value

@@ -8,14 +8,13 @@ from pathlib import Path
 
 from harness.campaign import run_campaign
 from harness.case import Batch, Case, Request
-from harness.commands.options import check_semantics
+from harness.commands.options import check_semantics, target_of
 from harness.contracts.objects import ENTRY_POINTS, check_object, reads_on_every_call
 from harness.contracts.source import check_classes, static_section
 from harness.device import make_device, resolve_device
 from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names, parse_oracles
 from harness.strategies import with_dims
-from harness.targets import load_target
 from harness.triage.static import static_triage, triage_classes
 from harness.triage.versions import triage_versions
 from reports.schema import TRIAGE
@@ -28,7 +27,7 @@ def run(args) -> int:
     if args.static_only:
         return static_triage(args)
     device = resolve_device(args.device)
-    target = load_target(args.target, mutant=args.mutant)
+    target = target_of(args)
     semantics = (target.semantics_supported[0] if args.semantics == "auto"
                  else check_semantics(args.semantics))
     case = with_dims(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)),
@@ -49,7 +48,7 @@ def run(args) -> int:
             print(f"[every call] {type(backend).__name__}.{entry} reads self.{read} (an object built without "
                   "__init__ must be given it)")
     static = static_section(check_classes(triage_classes(session)))
-    oracles = parse_oracles(args.oracles)
+    oracles = parse_oracles(args.oracles, "--oracles")
     result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
                           examples=args.examples, mutant=args.mutant, oracles=oracles)
     for finding in result.findings:

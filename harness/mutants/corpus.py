@@ -11,7 +11,6 @@ from typing import Callable
 
 import torch
 
-from harness.errors import InvalidArgument
 from harness.model import runners
 from harness.model.backend import AttentionBackend, DeepseekV4AttnBackend, swa_window_indices
 from harness.model.enums import ForwardMode, SharedReadEnds
@@ -23,6 +22,7 @@ from harness.model.scheduler import Scheduler
 from harness.probe import PlanKind, PlanRead, Snapshot
 from harness.semantics import Semantics
 from harness.targets import Classes, ReferenceTarget
+from harness.validation import check_one_of
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ def mutant(name: str, description: str, source: str, expected_oracle: str):
 
 
 def mutant_target(name: str) -> ReferenceTarget:
-    if name not in MUTANTS:
-        raise InvalidArgument(f"--mutant={name!r} is not one of: {', '.join(MUTANTS)}")
+    check_one_of(name, MUTANTS, "mutant")
     return ReferenceTarget(MUTANTS[name].build(), name=f"reference+{name}")
 
 

@@ -76,17 +76,18 @@ def oracle_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def parse_oracles(text: Optional[str]) -> Optional[frozenset]:
-    """`--oracles a,b`: a subset of the registered names; None (every oracle) when not given."""
+def parse_oracles(text: Optional[str], name: str = "oracles") -> Optional[frozenset]:
+    """`a,b`: a subset of the registered names; None (every oracle) when not given. A bad one is refused
+    naming it `name`, the caller's name for it (`--oracles` on the command line)."""
     if text is None:
         return None
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
     unknown = sorted(names - set(_REGISTRY))
     if not names:  # once read as "every oracle"
-        raise InvalidArgument(f"--oracles={text!r} names no oracle; give a comma-separated subset of: "
+        raise InvalidArgument(f"{name}={text!r} names no oracle; give a comma-separated subset of: "
                               f"{', '.join(_REGISTRY)} (or leave the option out for all)")
     if unknown:
-        raise InvalidArgument(f"--oracles: unknown {', '.join(unknown)}; allowed: {', '.join(_REGISTRY)}")
+        raise InvalidArgument(f"{name}: unknown {', '.join(unknown)}; allowed: {', '.join(_REGISTRY)}")
     return names
 
 

@@ -59,7 +59,7 @@ def build_command(binary: str, tool: str, case: SanitizerCase, out_dir: Path, *,
                   launch_timeout: int = DEFAULT_LAUNCH_TIMEOUT) -> Invocation:
     """`slot` spaces the ports of runs that share the machine at the same time."""
     if tool not in TOOLS:
-        raise InvalidArgument(f"--tool={tool!r} is not one of: {', '.join(TOOLS)}, all")
+        raise InvalidArgument(f"tool={tool!r} is not one of: {', '.join(TOOLS)}, all")
     stem = out_dir / f"{tool}-{case.name}"
     xml, log, sentinel = (stem.with_name(stem.name + suffix) for suffix in (".xml", ".log", ".sentinel.json"))
     argv = [binary, "--tool", tool, "--target-processes", "all", "--launch-timeout", str(launch_timeout),

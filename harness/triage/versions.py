@@ -107,15 +107,16 @@ class Installer(Protocol):
 Triage = Callable[..., tuple[int, str]]
 
 
-def parse_versions(text: str) -> list[str]:
-    """`0.5.23,0.5.21` -> versions in packaging order; a bad entry names the field."""
+def parse_versions(text: str, name: str = "versions") -> list[str]:
+    """`0.5.23,0.5.21` -> versions in packaging order; a bad entry is refused naming the text `name`, the
+    caller's name for it (the command line's flag)."""
     items = [v.strip() for v in text.split(",") if v.strip()]
     if not items:
-        raise InvalidArgument("--versions: give comma-separated sglang versions, e.g. 0.5.21,0.5.22,0.5.23")
+        raise InvalidArgument(f"{name}: give comma-separated sglang versions, e.g. 0.5.21,0.5.22,0.5.23")
     try:
         parsed = sorted({Version(v): v for v in items}.items())
     except InvalidVersion as exc:
-        raise InvalidArgument(f"--versions: {exc} (expected versions such as 0.5.22 or 0.5.15.post1)") from None
+        raise InvalidArgument(f"{name}: {exc} (expected versions such as 0.5.22 or 0.5.15.post1)") from None
     return [v for _, v in parsed]
 
 
@@ -424,7 +425,7 @@ def render_matrix(outcome: VersionsOutcome) -> str:
 
 def triage_versions(args) -> int:
     """`python -m harness triage --versions ...`: print each version's verdict and the first failing one."""
-    versions = parse_versions(args.versions)
+    versions = parse_versions(args.versions, "--versions")
     report_dir = Path(args.report_dir)
     root = project_root()
     cache = Path(args.cache_dir) if args.cache_dir else report_dir / "envs"
