@@ -454,9 +454,10 @@ class Campaign:
         apart from the drawn ones' in the example database (and its stream apart under a derandomized profile)."""
         config = self.config
         hypothesis_shrinks = shrinks and config.shrink and config.keep_going == 1  # keep_going's: shrunk afterwards
-        # Hypothesis seeds a derandomized stream from the inner test's source text (`function_digest`), so the
-        # decorator and body lines below are kept as they were written when the kill tables and BENCHMARKS
-        # figures were measured: editing them moves every `ci` stream. These names serve those lines.
+        # Hypothesis seeds a derandomized stream from the inner test's source text, comments aside
+        # (`function_digest`; a nested function keeps its decorators in it), so the lines below are kept as they
+        # were when the kill tables and BENCHMARKS figures were measured: editing them moves every `ci` stream
+        # (tests/test_fuzzing.py pins it). These names serve those lines.
         db, device, base = self.db, config.device, {"derandomize": config.derandomized}
 
         @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
