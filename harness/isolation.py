@@ -33,7 +33,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-import torch
 
 from harness.case import Case
 from harness.device import context_error
