@@ -33,7 +33,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-
 from harness.case import Case
 from harness.device import context_error
 from harness.engine import Finding, replay_command, run_case
