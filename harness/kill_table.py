@@ -39,7 +39,7 @@ def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.
         names = [n.strip() for n in only.split(",") if n.strip()]
         unknown = [n for n in names if n not in MUTANTS]
         if unknown:
-            raise InvalidArgument(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(MUTANTS)}")
+            raise InvalidArgument(f"only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(MUTANTS)}")
     names = shard.select(names)
     with_clean = shard.index == 1
     if DeviceKind(device).isolates_runs:

@@ -132,7 +132,7 @@ def run(args) -> int:
         raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "
                               "campaigns are parts of one case stream")
     skip = parse_skip(args.skip)
-    device = resolve_device(args.device)  # no GPU on --device cuda: exit 3 now, not four failed steps later
+    device = resolve_device(args.device, option="--device")  # no GPU on --device cuda: exit 3 now, not four failed steps later
     if shard.index > 1:
         print(f"[sanitize] runs in shard 1 of {shard.count} only")
         skip |= {"sanitize"}

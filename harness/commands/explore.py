@@ -10,7 +10,7 @@ from harness.oracles import parse_oracles
 
 
 def run(args) -> int:
-    if resolve_device(args.device) is not DeviceKind.CPU:
+    if resolve_device(args.device, option="--device") is not DeviceKind.CPU:
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
     case = read_case(args.case)
     target = target_of(args)

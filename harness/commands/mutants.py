@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import ExitCode
+from harness.errors import ExitCode, InvalidArgument
 from harness.kill_table import run_kill_table
 from harness.mutants.corpus import MUTANTS
 from harness.sharding import Shard
@@ -16,6 +16,9 @@ def run(args) -> int:
         for m in MUTANTS.values():
             print(f"{m.name}\t{m.expected_oracle}\t{m.description}")
         return ExitCode.OK
+    unknown = [name for name in (n.strip() for n in (args.only or "").split(",")) if name and name not in MUTANTS]
+    if unknown:
+        raise InvalidArgument(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(MUTANTS)}")
     semantics = args.semantics
     shard = Shard.parse(args.shard)
     report_dir = Path(args.report_dir)

@@ -33,7 +33,7 @@ def target_of(args) -> Target:
     refused naming the flag (the corpus names its parameter)."""
     if args.mutant is not None and args.target == "reference":
         check_one_of(args.mutant, MUTANTS, "--mutant")
-    return load_target(args.target, mutant=args.mutant)
+    return load_target(args.target, mutant=args.mutant, names=("--target", "--mutant"))
 
 
 def read_case(text: str) -> Case:

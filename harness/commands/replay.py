@@ -11,7 +11,7 @@ from harness.oracles import parse_oracles
 
 def run(args) -> int:
     case = read_case(args.case)
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, option="--device")
     target = target_of(args)
     result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant,
                       oracles=parse_oracles(args.oracles, "--oracles"))

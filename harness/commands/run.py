@@ -31,7 +31,7 @@ from reports.writers import new_staging_folder, refuse_other_runs, replace_repor
 
 
 def run(args) -> int:
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, option="--device")
     check_run_flags(args, device)
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays

@@ -26,7 +26,7 @@ def run(args) -> int:
         return triage_versions(args)
     if args.static_only:
         return static_triage(args)
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, option="--device")
     target = target_of(args)
     semantics = (target.semantics_supported[0] if args.semantics == "auto"
                  else check_semantics(args.semantics))

@@ -23,17 +23,18 @@ __all__ = ["context_error", "Device", "DeviceKind", "Event", "GraphCapture", "Op
            "resolve_device"]
 
 
-def resolve_device(name: str) -> DeviceKind:
+def resolve_device(name: str, *, option: str = "device") -> DeviceKind:
     """`auto` picks CUDA when a device is present; `cuda` without one is refused here, before any work.
-    The kind it returns is what every layer below asks, so none resolves the name again."""
+    The kind it returns is what every layer below asks, so none resolves the name again. `option`: what the
+    caller calls the value, in the messages (the command line: --device)."""
     if name not in ("cpu", "cuda", "auto"):
-        raise InvalidArgument(f"--device={name!r} is not one of: cpu, cuda, auto")
+        raise InvalidArgument(f"{option}={name!r} is not one of: cpu, cuda, auto")
     if name == "cpu":
         return DeviceKind.CPU
     if not torch.cuda.is_available():
         if name == "auto":
             return DeviceKind.CPU
-        raise EnvironmentBroken("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        raise EnvironmentBroken(f"{option} cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     gates.require_driver()  # the race windows' gates
     return DeviceKind.CUDA
 

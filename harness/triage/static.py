@@ -38,7 +38,7 @@ def static_triage(args) -> int:
         classes, missing = sglang_classes()
         name = f"sglang-{version('sglang')}"
     else:
-        target = load_target(args.target, mutant=args.mutant)
+        target = load_target(args.target, mutant=args.mutant, names=("--target", "--mutant"))
         case = with_dims(Case(batches=(Batch(requests=(Request(3, 5),)),)), tuple(getattr(target, "fixed_dims", {}).items()))
         classes = triage_classes(target.open(case, SimDevice()))
         name = getattr(target, "name", args.target)
