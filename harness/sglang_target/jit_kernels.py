@@ -160,13 +160,11 @@ INVALID_C = (_U32_MAX, 0, 0, -1, -1)
 INVALID_W = (_U32_MAX, -1)
 
 
-def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_lens, extend_lens, pin_buffer,
-                          num_q_tokens: int, compress_ratio: int, swa_page_size: int, ring_size: int,
-                          use_req_ring: bool, use_cuda_graph: bool):
-    """`plan_compress_prefill` (c_plan.cuh): (plan_c [n_c, 16], plan_w [n_w, 8]) uint8 on `req_to_token`'s device.
-    Reads `req_to_token` and `full_to_state` (c4 on a paged ring only). The host-input path; with `use_cuda_graph`,
-    also the device-input path's padding of a bucket the extends underfill (kernel0: valid entries, then invalid
-    ones up to num_q_tokens; the order of the valid entries, an atomic counter's there, is the host loop's)."""
+def _check_plan_inputs(req_pool_indices, req_to_token, full_to_state, seq_lens, extend_lens, pin_buffer,
+                       num_q_tokens: int, compress_ratio: int, swa_page_size: int, ring_size: int,
+                       use_req_ring: bool) -> None:
+    """The checks c_plan.cuh makes before it plans (dtypes, the host-input path, the ratio, the bounds, the pinned
+    buffer's size): a call the kernel refuses is refused here too."""
     for name, t, dtype in (("req_pool_indices", req_pool_indices, torch.int64), ("req_to_token", req_to_token, torch.int32),
                            ("full_to_state", full_to_state, torch.int64), ("seq_lens", seq_lens, torch.int64),
                            ("extend_lens", extend_lens, torch.int64), ("pin_buffer", pin_buffer, torch.uint8)):
@@ -184,6 +182,18 @@ def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_len
         raise ValueError(f"plan_compress_prefill stand-in: swa_page_size {swa_page_size}, ring_size {ring_size}")
     if pin_buffer.numel() < num_q_tokens * (PLAN_C_BYTES + PLAN_W_BYTES):
         raise ValueError("plan_compress_prefill stand-in: pin_buffer too small")
+
+
+def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_lens, extend_lens, pin_buffer,
+                          num_q_tokens: int, compress_ratio: int, swa_page_size: int, ring_size: int,
+                          use_req_ring: bool, use_cuda_graph: bool):
+    """`plan_compress_prefill` (c_plan.cuh): (plan_c [n_c, 16], plan_w [n_w, 8]) uint8 on `req_to_token`'s device.
+    Reads `req_to_token` and `full_to_state` (c4 on a paged ring only). The host-input path; with `use_cuda_graph`,
+    also the device-input path's padding of a bucket the extends underfill (kernel0: valid entries, then invalid
+    ones up to num_q_tokens; the order of the valid entries, an atomic counter's there, is the host loop's)."""
+    _check_plan_inputs(req_pool_indices, req_to_token, full_to_state, seq_lens, extend_lens, pin_buffer, num_q_tokens,
+                       compress_ratio, swa_page_size, ring_size, use_req_ring)
+    batch_size = req_pool_indices.shape[0]
     is_overlap = compress_ratio == 4
     window_size = compress_ratio * (2 if is_overlap else 1)
     mtp_pad = ring_size - window_size + 2 if ring_size > window_size else 0
