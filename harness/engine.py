@@ -131,7 +131,7 @@ def _short_path(filename: str) -> str:
     for i, part in enumerate(parts):
         if part in ("harness", "sglang", "torch", "triton"):
             return "/".join(parts[i:])
-    return Path(filename).name
+    return path.name
 
 
 def _processing(device, mutator: Mutator, mutations: tuple[Mutation, ...]) -> Callable[[], None]:

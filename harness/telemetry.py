@@ -11,10 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 from harness.errors import EnvironmentBroken
+
+def cuda_context_error() -> Optional[str]:
+    """The first line of the sticky error of this process's CUDA context (a device-side assert or an illegal
+    address poisons every later CUDA call), or None when it is sound or CUDA never started here. Read through
+    `sys.modules`, so that asking never imports torch nor starts CUDA (the pytest plugin asks after every
+    failed test, the engine after a crashed run, an isolated child after each case)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        return str(exc).strip().splitlines()[0]
+    return None
+
 
 # NVML's clocks-event (formerly "throttle") reason bits, by the names of nvmlClocksEventReason*.
 CLOCK_EVENT_NAMES = {

@@ -18,6 +18,7 @@ from harness.device.cuda import CudaDevice
 from harness.device.kind import DeviceKind
 from harness.device.sim import SimDevice
 from harness.errors import EnvironmentBroken, InvalidArgument
+from harness.telemetry import cuda_context_error
 
 __all__ = ["context_error", "Device", "DeviceKind", "Event", "GraphCapture", "OpFailed", "Stream", "SimDevice", "make_device",
            "resolve_device"]
@@ -49,10 +50,4 @@ def make_device(name: str, *, schedule: str = "adversarial", observe: bool = Fal
 def context_error(name: str) -> Optional[str]:
     """On CUDA, the first line of the sticky error that left this process's context unusable (a device-side assert,
     an illegal address: every later CUDA call fails with it), or None while it is usable; None on the CPU."""
-    if DeviceKind(name) is DeviceKind.CPU:
-        return None
-    try:
-        torch.cuda.synchronize()
-    except RuntimeError as exc:
-        return str(exc).strip().splitlines()[0]
-    return None
+    return None if DeviceKind(name) is DeviceKind.CPU else cuda_context_error()
