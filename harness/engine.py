@@ -90,6 +90,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         record.applied.append(list(mutator.applied))
         record.notes.append(session.probe.take())
         record.timeline.append(device.tracker.take_timeline())
+        record.overlap_ms.append(None if record.crash else device.take_overlap_ms())
         if record.crash:
             break
         began = time.perf_counter()
@@ -136,10 +137,12 @@ def _short_path(filename: str) -> str:
 
 def _processing(device, mutator: Mutator, mutations: tuple[Mutation, ...]) -> Callable[[], None]:
     """The scheduler's processing of a batch's result: a checkpoint of where its stream stands first (which of
-    the forward's work it waited for: the fast path's question, `oracles/fast_path.py`), then the mutations."""
+    the forward's work it waited for: the fast path's question, `oracles/fast_path.py`) and, on a device with a
+    clock, when it got there against the forward's end (`RunRecord.overlap_ms`), then the mutations."""
 
     def process() -> None:
         device.tracker.checkpoint(device.current_stream.id)
+        device.mark_processing()
         mutator.issue(mutations)
 
     return process

@@ -40,6 +40,8 @@ class RunRecord:
     outputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
     notes: list[list[ProbeRecord]] = field(default_factory=list)  # per batch, what the target noted
     timeline: list[list[TimelineEntry]] = field(default_factory=list)  # per batch, the tracker's launches and events
+    # per batch, ms the scheduler's stream started on the result before the forward ended (CUDA; None elsewhere)
+    overlap_ms: list[Optional[float]] = field(default_factory=list)
     forward_stream: int = 0  # the tracker's id of the forward stream (the timeline's stream ids are the tracker's)
     applied: list[list[str]] = field(default_factory=list)
     worlds: list[BatchWorld] = field(default_factory=list)

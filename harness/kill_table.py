@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.campaign import run_campaign
@@ -19,12 +20,14 @@ from harness.mutants.contract_probes import run_probes
 from harness.mutants.corpus import MUTANTS, mutant_target
 from harness.sharding import WHOLE, Shard
 from harness.targets import ReferenceTarget
+from harness.workers import cpu_cores
 from reports import junit
 from reports.cli import render_folder
 from reports.schema import CLEAN_REFERENCE, MUTANTS as TABLE
 from reports.writers import replace_report, write_report
 
 CUDA_CAMPAIGN_TIMEOUT_S = 300
+CUDA_JOBS_PER_CAMPAIGN = 4  # each CUDA campaign's children; as many campaigns at once as the cores hold
 
 
 def kill_table(*, device: str = "cpu", examples: int = 200, semantics: str = "0.5.23", only=None,
@@ -95,10 +98,14 @@ def _line(row: dict) -> str:
 def _kill_table_isolated(names, *, examples: int, semantics: str, progress, with_clean: bool,
                          seeds: bool, seed: int | None) -> tuple[dict | None, list[dict]]:
     """On CUDA each campaign runs in its own process: a mutant that kills the CUDA context (an
-    illegal access, a device-side assert) is a finding, not the end of the table."""
+    illegal access, a device-side assert) is a finding, not the end of the table. The campaigns run several
+    at once, sharing the GPU (a case is mostly host work): one per `CUDA_JOBS_PER_CAMPAIGN` cores, each judging
+    that many cases at once. The rows do not depend on it: a campaign's count, first detection and shrunk case
+    are those of one case at a time (`run --jobs`)."""
     def campaign(mutant):
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable, "-m", "harness", "run", "--device", "cuda", "--examples", str(examples),
+                   "--jobs", str(CUDA_JOBS_PER_CAMPAIGN),
                    "--semantics", semantics, "--report-dir", tmp] + (["--mutant", mutant] if mutant else []) + (
                 [] if seeds else ["--no-seeds"]) + ([] if seed is None else ["--seed", str(seed)])
             try:
@@ -110,25 +117,28 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress, with
                 return None, f"process exited {proc.returncode} without a summary: {proc.stderr.strip()[-300:]}"
             return json.loads(path.read_text()), None
 
-    clean = None
-    if with_clean:
-        clean_summary, error = campaign(None)
-        if clean_summary is None:
-            raise EnvironmentBroken(f"the clean CUDA campaign did not finish: {error}")
-        clean = {"name": "(clean reference)", "cases": clean_summary["cases"],
-                 "findings": len(clean_summary["findings"]),
-                 "finding": clean_summary["findings"][0]["message"] if clean_summary["findings"] else None}
-        progress(f"clean reference: {clean['cases']} cases, {clean['findings']} finding(s)")
-    rows = []
-    for name in names:
-        summary, error = campaign(name)
-        findings = summary["findings"] if summary else []
-        first = summary.get("first_detection") if summary else None
-        oracles = [f["oracle"] for f in findings] + (["execution"] if error else [])
-        rows.append(_row(MUTANTS[name], oracles, first and first["examples"], first and first["seconds"],
-                         findings[0]["case_summary"] if findings else error,
-                         findings[0]["replay"] if findings else None, run_probes(mutant_target(name))))
-        progress(_line(rows[-1]))
+    clean, rows = None, []
+    with ThreadPoolExecutor(max(1, cpu_cores() // CUDA_JOBS_PER_CAMPAIGN)) as pool:
+        clean_campaign = pool.submit(campaign, None) if with_clean else None
+        campaigns = [pool.submit(campaign, name) for name in names]
+        if clean_campaign is not None:
+            clean_summary, error = clean_campaign.result()
+            if clean_summary is None:
+                pool.shutdown(cancel_futures=True)  # the mutants' campaigns not started yet never start
+                raise EnvironmentBroken(f"the clean CUDA campaign did not finish: {error}")
+            clean = {"name": "(clean reference)", "cases": clean_summary["cases"],
+                     "findings": len(clean_summary["findings"]),
+                     "finding": clean_summary["findings"][0]["message"] if clean_summary["findings"] else None}
+            progress(f"clean reference: {clean['cases']} cases, {clean['findings']} finding(s)")
+        for name, done in zip(names, campaigns):  # in the table's order, each once it and those before are in
+            summary, error = done.result()
+            findings = summary["findings"] if summary else []
+            first = summary.get("first_detection") if summary else None
+            oracles = [f["oracle"] for f in findings] + (["execution"] if error else [])
+            rows.append(_row(MUTANTS[name], oracles, first and first["examples"], first and first["seconds"],
+                             findings[0]["case_summary"] if findings else error,
+                             findings[0]["replay"] if findings else None, run_probes(mutant_target(name))))
+            progress(_line(rows[-1]))
     return clean, rows
 
 

@@ -78,3 +78,10 @@ def test_a_publishing_batch_whose_result_the_scheduler_never_took_is_reported():
     run.timeline[0] = [e for e in run.timeline[0] if not isinstance(e, Checkpoint)]
     findings = fast_path_oracle(Judged(case, run, RunRecord()))
     assert [f.kind for f in findings] == ["scheduler-never-ran"]
+
+
+def test_the_simulator_measures_no_overlap_one_entry_per_batch():
+    """The overlap in time (`RunRecord.overlap_ms`) is a real GPU's: the simulator has no clock, and says so with
+    one None per batch run, never a made-up figure."""
+    result = run_case(ReferenceTarget(), publishing_case("0.5.23"), "cpu")
+    assert result.overlapped.overlap_ms == [None] and result.barriered.overlap_ms == [None]

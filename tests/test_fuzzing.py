@@ -7,6 +7,9 @@ import importlib
 import json
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 from types import MappingProxyType
 
 from hypothesis import HealthCheck, given, settings
@@ -232,3 +235,38 @@ def test_the_derandomized_stream_is_the_measured_one():
     assert drawn == PINNED_CI_STREAM, ("the derandomized `ci` stream moved: were the lines of the campaign's inner "
                                        "hypothesis test edited? (kill tables and BENCHMARKS figures were measured "
                                        "on the pinned stream)")
+
+
+def test_the_cuda_kill_table_runs_its_campaigns_at_once_and_keeps_the_tables_order(monkeypatch):
+    """On CUDA each campaign is a process of its own; several run at once (the nightly's mutants step must
+    finish), each with the same --jobs, and the rows come back in the table's order, whatever finishes first."""
+    names = ["scheduler_no_wait", "event_after_layers", "barrier_ignores_event"]
+    delays = {None: 0.4, "scheduler_no_wait": 0.3, "event_after_layers": 0.1, "barrier_ignores_event": 0.2}
+    commands, running, most, lock = [], [0], [0], threading.Lock()
+
+    def fake_run(cmd, **kwargs):
+        commands.append(cmd)
+        mutant = cmd[cmd.index("--mutant") + 1] if "--mutant" in cmd else None
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(delays[mutant])
+        with lock:
+            running[0] -= 1
+        findings = [] if mutant is None else [
+            {"oracle": "fast-path", "message": mutant, "case_summary": "1 batch", "replay": f"replay {mutant}"}]
+        report = Path(cmd[cmd.index("--report-dir") + 1])
+        report.joinpath("summary.json").write_text(json.dumps(
+            {"cases": 4, "findings": findings, "first_detection": {"examples": 1, "seconds": 0.1} if findings else None}))
+        return subprocess.CompletedProcess(cmd, 1 if findings else 0, "", "")
+
+    monkeypatch.setattr(kill_table.subprocess, "run", fake_run)
+    monkeypatch.setattr(kill_table, "cpu_cores", lambda: 4 * kill_table.CUDA_JOBS_PER_CAMPAIGN)
+    lines = []
+    clean, rows = kill_table._kill_table_isolated(names, examples=4, semantics="0.5.23", progress=lines.append,
+                                                  with_clean=True, seeds=False, seed=None)
+    assert most[0] == 4, "the four campaigns did not run at once"
+    assert all(cmd[cmd.index("--jobs") + 1] == str(kill_table.CUDA_JOBS_PER_CAMPAIGN) for cmd in commands)
+    assert clean["cases"] == 4 and clean["findings"] == 0
+    assert [row["name"] for row in rows] == names and all(row["killed"] for row in rows)
+    assert lines[0].startswith("clean reference: 4 cases") and len(lines) == 4

@@ -181,6 +181,18 @@ class Device:
         """Only a real device has a clock to calibrate; the simulator's delay is an ordering, not a time."""
         return None
 
+    def mark_processing(self) -> None:
+        """The scheduler starts on a batch's result here (the engine's `process`, on the scheduler's stream, after
+        its barrier): a device with a clock notes when its stream reaches this point and when the forward stream
+        reaches the end of what it was given so far (the whole forward), for `take_overlap_ms`. The simulator
+        has no clock."""
+
+    def take_overlap_ms(self) -> Optional[float]:
+        """How many milliseconds before the forward's end the scheduler's stream started on the batch's result
+        (negative: after it), from the batch's first `mark_processing`, once the batch has synchronized; None
+        where the device has no clock or the scheduler never started."""
+        return None
+
     def race_delay_seconds(self) -> float:
         """Host seconds this run spent holding race windows open (CUDA's gates); none on the simulator."""
         return 0.0

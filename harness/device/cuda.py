@@ -31,6 +31,7 @@ class CudaDevice(Device):
         self._ids_by_native: dict[int, int] = {}
         self._gates: list[gates.Gate] = []  # this run's race gates, in issue order
         self._gate_wait_s = 0.0  # host seconds spent holding gates open for the scheduler's work to land
+        self._processing_mark: Optional[tuple[torch.cuda.Event, torch.cuda.Event]] = None
         super().__init__(observe)
         self._warm_up()
 
@@ -183,6 +184,23 @@ class CudaDevice(Device):
         if held:
             window["open"] = all(gate.opened_by in ("landed", "awaited") for gate in held)
         return window
+
+    def mark_processing(self) -> None:
+        """Two timing events, recorded past torch's `Event.record` (the harness's own: not a target's event for
+        the tracker): one at the forward stream's tail, one on the scheduler's stream."""
+        if self._processing_mark is not None:
+            return  # the first start on the result is the one that overlaps
+        forward_end, scheduler_start = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch._C._CudaEventBase.record(forward_end, self._streams[self.forward_stream.id])
+        torch._C._CudaEventBase.record(scheduler_start, self._streams[self.current_stream.id])
+        self._processing_mark = (forward_end, scheduler_start)
+
+    def take_overlap_ms(self) -> Optional[float]:
+        mark, self._processing_mark = self._processing_mark, None
+        if mark is None:
+            return None
+        forward_end, scheduler_start = mark
+        return scheduler_start.elapsed_time(forward_end)
 
     def _warm_up(self) -> None:
         """The first trial in a fresh process does not race (stream start-up): warm both streams,
