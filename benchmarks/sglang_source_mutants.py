@@ -448,7 +448,7 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
     report = out / name
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "harness", "run", "--target", "sglang", "--device", args.device,
-               "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink"] + (
+               "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink", "--jobs", args.jobs] + (
                   ["--no-seeds"] if args.no_seeds else []) + (
                   ["--semantics", "pr", "--without", LATER_GATES] if args.semantics == "pr" else [])
     began = time.perf_counter()
@@ -486,6 +486,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--only", default=None, help="comma-separated mutant names")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per campaign")
+    parser.add_argument("--jobs", default="auto", help="each campaign's `run --jobs` (N or auto): lower it to run "
+                        "several parts of the table at once")
     parser.add_argument("--no-seeds", action="store_true",
                         help="draw every case of each campaign: skip the hand-written seed cases")
     parser.add_argument("--no-clean", action="store_true",
