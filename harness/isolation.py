@@ -119,8 +119,7 @@ class IsolatedRunner:
         findings = [Finding(**f) for f in answer["findings"]]
         if answer.get("context_error"):  # the child exits after answering
             self._reap()
-            findings.append(_crash_finding("crash", f"the case left the CUDA context unusable: {answer['context_error']}",
-                                           {"context_error": answer["context_error"]}))
+            findings = with_context_loss(findings, answer["context_error"])
         return IsolatedResult(case, findings, answer["replay"], time.perf_counter() - started,
                               "crash" if answer.get("context_error") else "judged", answer["phases"],
                               answer["gate_openings"])
@@ -283,6 +282,15 @@ def _error_line(tail: str) -> str | None:
 
 def _crash_finding(kind: str, message: str, details: dict) -> Finding:
     return Finding("execution", kind, message, details=details)
+
+
+def with_context_loss(findings: list[Finding], error: str) -> list[Finding]:
+    """The case's findings once its process's CUDA context is lost: a crash finding saying so, unless the engine's
+    `execution/context-lost` already names the crash that lost it (one cause, one finding)."""
+    if any((f.oracle, f.kind) == ("execution", "context-lost") for f in findings):
+        return findings
+    return findings + [_crash_finding("crash", f"the case left the CUDA context unusable: {error}",
+                                      {"context_error": error})]
 
 
 def _exit_status(returncode: int) -> str:

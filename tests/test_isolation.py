@@ -17,7 +17,8 @@ import pytest
 from harness.case import Batch, Case, Mutation, Request
 from harness.engine import replay_command, run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
-from harness.isolation import IsolatedRunner, _exit_status
+from harness.findings import Finding
+from harness.isolation import IsolatedRunner, _exit_status, with_context_loss
 from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget, Target
 
@@ -143,3 +144,13 @@ def test_on_cuda_a_context_killing_case_is_a_crash_and_the_next_case_runs_clean(
     assert (clean.outcome, clean.findings) == ("judged", [])
     caught = runner.run_case(PLAIN, "cuda", mutant="scheduler_no_wait")
     assert caught.outcome == "judged" and caught.findings
+
+
+def test_a_lost_context_is_one_finding_where_the_engine_named_it_and_a_crash_finding_where_nothing_did():
+    lost = "CUDA error: device-side assert triggered"
+    engine_said = [Finding("execution", "context-lost", "the overlapped run raised ...", 0)]
+    assert with_context_loss(engine_said, lost) == engine_said
+    race = [Finding("happens-before", "unordered-access", "a race", 0)]
+    added = with_context_loss(race, lost)
+    assert added[:1] == race and (added[1].oracle, added[1].kind) == ("execution", "crash")
+    assert added[1].message == f"the case left the CUDA context unusable: {lost}"
