@@ -49,3 +49,27 @@ def test_reference_case_runs_on_cuda_and_matches_float64():
     case = Case(delay_cycles=20_000_000, batches=(Batch(requests=(Request(140, 9), Request(3, 6)),
                                                         mutations=(Mutation("swa_clear", count=4),)),))
     assert not run_case(ReferenceTarget(), case, "cuda").findings
+
+
+def overlap_ms(case, target) -> float:
+    from harness.engine import execute
+
+    run = execute(target, case, "cuda")
+    assert run.crash is None and len(run.overlap_ms) == 1
+    return run.overlap_ms[0]
+
+
+def test_the_scheduler_starts_before_the_forward_ends_only_where_read_done_lets_it():
+    """`RunRecord.overlap_ms` in time, on a real GPU: the race gate holds the forward stream right after the
+    read-done event until the scheduler's work has run or waits for it, so a scheduler that waits on the event
+    starts well before the forward ends, and one that waits on the whole forward (or gets no event) after it."""
+    from harness.case import Batch, Case, Flags, Mutation, Request
+    from harness.mutants.corpus import mutant_target
+    from harness.targets import ReferenceTarget
+
+    published = Case(delay_cycles=20_000_000, batches=(Batch(requests=(Request(140, 9), Request(3, 6)),
+                                                             mutations=(Mutation("req_to_token_rewrite", count=2),)),))
+    unpublished = Case(**{**published.__dict__, "flags": Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=False)})
+    assert overlap_ms(published, ReferenceTarget()) > 0.0
+    assert overlap_ms(published, mutant_target("barrier_waits_forward_after_publish")) <= 0.05
+    assert overlap_ms(unpublished, ReferenceTarget()) <= 0.05
