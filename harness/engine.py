@@ -228,8 +228,7 @@ class Exploration:
     by_oracle: dict[str, int] = field(default_factory=dict)  # interleavings with a finding of each oracle
 
 
-def explore(target, case: Case, *, bound: int = 500, target_spec: str = "reference",
-            mutant: Optional[str] = None, oracles: Optional[frozenset] = None) -> Exploration:
+def explore(target, case: Case, *, bound: int = 500, oracles: Optional[frozenset] = None) -> Exploration:
     """Every order the stream and event edges allow, depth first over the simulator's decisions
     (stateless, as CHESS does: each order is a fresh run forced along a prefix). Each order is judged
     by every oracle `oracles` enables (all when None), as a campaign judges a case."""

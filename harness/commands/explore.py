@@ -13,9 +13,7 @@ def run(args) -> int:
     if resolve_device(args.device, option="--device") is not DeviceKind.CPU:
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
     case = read_case(args.case)
-    target = target_of(args)
-    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,
-                      oracles=parse_oracles(args.oracles, "--oracles"))
+    outcome = explore(target_of(args), case, bound=args.bound, oracles=parse_oracles(args.oracles, "--oracles"))
     per_oracle = ", ".join(f"{name} {count}" for name, count in sorted(outcome.by_oracle.items()))
     print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "
           f"{len(outcome.failing)} with findings{' (' + per_oracle + ')' if per_oracle else ''}")
