@@ -6,6 +6,7 @@ Every child imports torch, so the tests share one runner and keep the number of 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -14,10 +15,11 @@ from dataclasses import asdict
 
 import pytest
 
+from harness import cli
 from harness.case import Batch, Case, Mutation, Request
 from harness.engine import replay_command, run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
-from harness.isolation import IsolatedRunner, _exit_status
+from harness.isolation import IsolatedRunner, _exit_status, _serve
 from harness.mutants.corpus import mutant_target
 from harness.targets import ReferenceTarget, Target, TargetSpec
 
@@ -92,6 +94,27 @@ def test_the_childs_refusals_are_the_harness_errors_they_were(runner):
         runner.run_case(PLAIN, "cpu", target_spec=TargetSpec("no_such_module_for_isolation:factory"))
     with pytest.raises(EnvironmentBroken, match="cannot import 'target_needing_a_missing_package'"):
         runner.run_case(PLAIN, "cpu", target_spec=TargetSpec("target_needing_a_missing_package:factory"))
+
+
+def test_the_target_spec_round_trips_through_the_childs_request_and_a_mutant_elsewhere_is_refused_first(
+        runner, tmp_path, capsys):
+    """The child rebuilds the very record it was sent (its replay command names the mutant); a mutant on another
+    target is never a record: the command line refuses it before any work, naming its flags, and a request that
+    carries one anyway is refused by the child in the library's words."""
+    spec = TargetSpec(mutant="scheduler_no_wait", names=("--target", "--mutant"))
+    assert TargetSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    found = runner.run_case(PLAIN, "cpu", target_spec=spec)
+    assert found.outcome == "judged" and found.findings
+    assert found.replay == replay_command(PLAIN, target_spec=spec, device="cpu", schedule="adversarial")
+    assert "--target reference --mutant scheduler_no_wait" in found.replay
+    assert cli.main(["run", "--device", "cpu", "--target", "sglang", "--mutant", "scheduler_no_wait",
+                     "--report-dir", str(tmp_path / "r")]) == 2
+    assert "--mutant applies to --target reference only, not 'sglang'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    request = {"case": PLAIN.to_json(), "device": "cpu", "schedule": "adversarial", "oracles": None,
+               "target_spec": {"spec": "sglang", "mutant": "scheduler_no_wait"}}
+    assert _serve(request) == {"error": {"type": "InvalidArgument",
+                                         "message": "mutant applies to target reference only, not 'sglang'"}}
 
 
 def test_a_segfault_is_a_crash_finding_with_its_replay_and_the_next_case_still_runs(runner):
