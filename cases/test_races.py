@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.campaign import run_campaign
+from harness.targets import TargetSpec
 
 PLANTED = ["snapshot_skipped", "event_before_snapshot", "eagle_publishes", "snapshot_is_view",
            "scheduler_no_wait", "event_on_wrong_stream", "pool_reuse_before_barrier"]
@@ -23,7 +24,7 @@ def test_the_target_has_no_finding(semantics, harness_target, harness_device):
 
 @pytest.mark.parametrize("name", PLANTED)
 def test_planted_bug_is_found_and_shrinks(name, mutant_target, harness_device):
-    result = run_campaign(mutant_target(name), device=harness_device, examples=200, mutant=name)
+    result = run_campaign(mutant_target(name), device=harness_device, examples=200, target_spec=TargetSpec(mutant=name))
     assert result.findings, f"{name} survived 200 examples"
     minimal = result.minimal.case
     assert sum(len(b.requests) for b in minimal.batches) <= 2, minimal.summary()

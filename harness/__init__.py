@@ -19,10 +19,11 @@ from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
 # public name -> the module that defines it
 _LAZY = {"run_campaign": "harness.campaign", "Batch": "harness.case", "Case": "harness.case", "Dims": "harness.case",
          "Flags": "harness.case", "Mutation": "harness.case", "Request": "harness.case", "Finding": "harness.engine",
-         "run_case": "harness.engine", "ReferenceTarget": "harness.targets", "load_target": "harness.targets"}
+         "run_case": "harness.engine", "ReferenceTarget": "harness.targets", "TargetSpec": "harness.targets",
+         "load_target": "harness.targets"}
 
 __all__ = ["Batch", "Case", "Dims", "EnvironmentBroken", "Finding", "Flags", "HarnessError", "InvalidArgument",
-           "Mutation", "ReferenceTarget", "Request", "load_target", "run_campaign", "run_case"]
+           "Mutation", "ReferenceTarget", "Request", "TargetSpec", "load_target", "run_campaign", "run_case"]
 
 
 def __getattr__(name: str):

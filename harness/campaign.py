@@ -47,6 +47,7 @@ from harness.isolation import IsolatedPool, IsolatedRunner
 from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
+from harness.targets import REFERENCE, TargetSpec
 from harness.validation import check_one_of, check_positive
 
 
@@ -183,6 +184,8 @@ class CampaignConfig:
     below checks it again. The names are the library's: a bad value is refused naming the field, and
     the command line checks its flags before it builds one (`harness.commands.run`).
 
+    `target_spec`: the target the campaign's cases name, in their replay commands, to an isolated child and in
+    the example database's scope (`Campaign` is given the target itself, loaded from it).
     `seeds`: start from one case of each protocol shape (`strategies.seed_cases`), then draw.
     `from_db`: replay only the failures stored in the example database, then the seeds.
     `isolate_s`: judge each case in a child process with this timeout, so a case that kills the CUDA
@@ -194,14 +197,13 @@ class CampaignConfig:
     `jobs`: judge up to this many cases at once, each in its own child (needs `isolate_s`); the stream,
     the count, the first detection and the shrunk case are those of one case at a time."""
 
-    target_spec: str = "reference"
+    target_spec: TargetSpec = REFERENCE
     device: str = "cpu"
     semantics: str = "0.5.23"
     examples: Optional[int] = None
     seed: Optional[int] = None
     profile: str = "ci"
     database_dir: Optional[Path] = None
-    mutant: Optional[str] = None
     shrink: bool = True
     oracles: Optional[frozenset] = None
     shrink_seconds: float = 30.0
@@ -300,7 +302,7 @@ class Campaign:
         self.plan = StreamPlan.of(target, config)
         self.db = None if config.derandomized else open_database(config.database_dir, config.shared_databases)
         self.result = CampaignResult(
-            target=config.target_spec, device=config.device, semantics=config.semantics, seed=config.seed,
+            target=config.target_spec.spec, device=config.device, semantics=config.semantics, seed=config.seed,
             profile=config.profile, shard=config.shard, stand_ins=list(getattr(target, "stand_ins", [])),
             jobs=config.jobs, target_description=getattr(target, "description", ""),
             without=sorted(self.plan.without), coverage=Coverage(unreachable=self.plan.unreachable))
@@ -311,7 +313,7 @@ class Campaign:
                            else IsolatedRunner(timeout_s=config.isolate_s))
         judge = self.runner.run_case if self.runner else functools.partial(run_case, target)
         self._judge = _timed(judge, self.result) if config.jobs > 1 else judge
-        self.case_options = dict(target_spec=config.target_spec, mutant=config.mutant, oracles=config.oracles)
+        self.case_options = dict(target_spec=config.target_spec, oracles=config.oracles)
         strategy_options = dict(budget=PROFILE_BUDGETS[config.profile], dims=self.plan.dims,
                                 contracts=self.plan.contracts)
         self.cases_drawn = cases(config.semantics, without=self.plan.without, **strategy_options)
@@ -468,7 +470,7 @@ class Campaign:
             body(case, schedule)  # the same code in every pass: one derandomized stream
 
         test.hypothesis.inner_test._hypothesis_internal_add_digest = database_scope(
-            target_spec=config.target_spec, mutant=config.mutant, semantics=config.semantics,
+            target_spec=config.target_spec.spec, mutant=config.target_spec.mutant, semantics=config.semantics,
             device=config.device) + part.encode()
         for case in reversed(explicit):
             test = example(case=case, schedule="adversarial")(test)

@@ -22,6 +22,7 @@ from harness.errors import EnvironmentBroken
 from harness.kernels import sparse_attention_for
 from harness.model.attention import sparse_attention
 from harness.strategies import cases, seed_cases
+from harness.targets import REFERENCE, TargetSpec
 from harness.targets.protocol import GraphReplay
 from harness.validation import check_positive
 
@@ -121,10 +122,9 @@ class Opinions:
         return "; ".join(reasons) or None
 
 
-def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: str = "reference",
-                    mutant: Optional[str] = None) -> Opinions:
+def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: TargetSpec = REFERENCE) -> Opinions:
     with observer.observing() as errors:
-        result = run_case(target, case, "cuda", target_spec=target_spec, mutant=mutant)
+        result = run_case(target, case, "cuda", target_spec=target_spec)
         csan = sorted({str(e) for e in errors})
     run = result.overlapped
     hb = [str(c) for c in run.conflicts]
@@ -134,8 +134,8 @@ def judge_with_csan(observer: CsanObserver, target, case, *, target_spec: str = 
                     sparse_attention_for("cuda") is not sparse_attention)
 
 
-def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23", target_spec: str = "reference",
-                            mutant: Optional[str] = None) -> dict:
+def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23",
+                            target_spec: TargetSpec = REFERENCE) -> dict:
     """The protocol's seed shapes, then drawn cases (derandomized), each judged three ways."""
     check_positive(examples, "examples")
     observer = CsanObserver()
@@ -149,7 +149,7 @@ def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23",
     @given(case=cases(semantics, dims=dims, contracts=contracts))
     def one(case):
         if len(judged) < examples:
-            judged.append(judge_with_csan(observer, target, case, target_spec=target_spec, mutant=mutant))
+            judged.append(judge_with_csan(observer, target, case, target_spec=target_spec))
 
     for case in reversed(seeds):
         one = example(case=case)(one)

@@ -24,7 +24,7 @@ from harness.errors import HarnessError
 from harness.findings import CaseResult, Finding, RunRecord
 from harness.mutator import Mutator
 from harness.oracles import Judged, apply_oracles
-from harness.targets import load_batch
+from harness.targets import REFERENCE, TargetSpec, load_batch
 from harness.world import CaseWorlds
 
 __all__ = ["CaseResult", "Exploration", "Finding", "RunRecord", "execute", "explore", "oracle_findings",
@@ -163,12 +163,10 @@ def _finished(record: RunRecord, device, schedule: str) -> RunRecord:
     return record
 
 
-def replay_command(case: Case, *, target: str, device: str, schedule: str, mutant: Optional[str] = None,
+def replay_command(case: Case, *, target_spec: TargetSpec, device: str, schedule: str,
                    oracles: Optional[frozenset] = None) -> str:
-    parts = ["python", "-m", "harness", "replay", "--target", target]
-    if mutant:
-        parts += ["--mutant", mutant]
-    parts += ["--device", device, "--schedule", schedule]
+    parts = ["python", "-m", "harness", "replay", *target_spec.arguments(), "--device", device,
+             "--schedule", schedule]
     if oracles:
         parts += ["--oracles", ",".join(sorted(oracles))]
     parts += ["--case", case.to_json()]
@@ -176,11 +174,12 @@ def replay_command(case: Case, *, target: str, device: str, schedule: str, mutan
 
 
 def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
-             target_spec: str = "reference", mutant: Optional[str] = None,
-             oracles: Optional[frozenset] = None, observe: bool = True) -> CaseResult:
-    """Judge one case; `oracles` keeps only those oracles' findings (to show which one catches what);
-    `observe=False` leaves the tracker with the declared accesses only (to measure the observer);
-    by default the observer watches the overlapped run on every device."""
+             target_spec: TargetSpec = REFERENCE, oracles: Optional[frozenset] = None,
+             observe: bool = True) -> CaseResult:
+    """Judge one case of `target`, which `target_spec` names (in the replay command); `oracles` keeps only
+    those oracles' findings (to show which one catches what); `observe=False` leaves the tracker with the
+    declared accesses only (to measure the observer); by default the observer watches the overlapped run on
+    every device."""
     case.validate()
     start = time.perf_counter()
     kind = DeviceKind(device_name)
@@ -205,8 +204,8 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
                         world_seconds=worlds.seconds, oracle_seconds=oracle_seconds)
     replay_schedule = (schedule if kind.real_concurrency or schedule == "adversarial"
                        else f"forced:{overlapped.schedule}")
-    result.replay = replay_command(case, target=target_spec, device=device_name, schedule=replay_schedule,
-                                   mutant=mutant, oracles=oracles)
+    result.replay = replay_command(case, target_spec=target_spec, device=device_name, schedule=replay_schedule,
+                                   oracles=oracles)
     return result
 
 
@@ -228,8 +227,7 @@ class Exploration:
     by_oracle: dict[str, int] = field(default_factory=dict)  # interleavings with a finding of each oracle
 
 
-def explore(target, case: Case, *, bound: int = 500, target_spec: str = "reference",
-            mutant: Optional[str] = None, oracles: Optional[frozenset] = None) -> Exploration:
+def explore(target, case: Case, *, bound: int = 500, oracles: Optional[frozenset] = None) -> Exploration:
     """Every order the stream and event edges allow, depth first over the simulator's decisions
     (stateless, as CHESS does: each order is a fresh run forced along a prefix). Each order is judged
     by every oracle `oracles` enables (all when None), as a campaign judges a case."""

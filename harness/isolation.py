@@ -37,7 +37,7 @@ from harness.case import Case
 from harness.device import context_error
 from harness.engine import Finding, replay_command, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
-from harness.targets import load_target
+from harness.targets import REFERENCE, TargetSpec
 from harness.validation import check_positive
 
 CASE_TIMEOUT_S = 300.0
@@ -87,15 +87,14 @@ class IsolatedRunner:
         self._buffer = b""
 
     def run_case(self, case: Case, device_name: str = "cpu", *, schedule: str = "adversarial",
-                 target_spec: str = "reference", mutant: str | None = None,
-                 oracles: frozenset | None = None, timeout_s: float | None = None) -> IsolatedResult:
-        """`engine.run_case` in the child; the target is rebuilt there from `target_spec` and `mutant`.
+                 target_spec: TargetSpec = REFERENCE, oracles: frozenset | None = None,
+                 timeout_s: float | None = None) -> IsolatedResult:
+        """`engine.run_case` in the child; the target is rebuilt there from `target_spec`.
         `timeout_s` overrides the runner's per-case timeout for this case."""
         case.validate()
-        request = {"case": case.to_json(), "device": device_name, "schedule": schedule, "target_spec": target_spec,
-                   "mutant": mutant, "oracles": sorted(oracles) if oracles is not None else None}
-        replay = replay_command(case, target=target_spec, device=device_name, schedule=schedule, mutant=mutant,
-                                oracles=oracles)
+        request = {"case": case.to_json(), "device": device_name, "schedule": schedule,
+                   "target_spec": target_spec.to_dict(), "oracles": sorted(oracles) if oracles is not None else None}
+        replay = replay_command(case, target_spec=target_spec, device=device_name, schedule=schedule, oracles=oracles)
         started, timeout_s = time.perf_counter(), timeout_s or self.timeout_s
         self.start()
         proc, mark = self._proc, self._stderr.seek(0, os.SEEK_END)
@@ -305,10 +304,10 @@ def _exit_status(returncode: int) -> str:
 
 def _serve(request: dict) -> dict:
     try:
-        target = load_target(request["target_spec"], mutant=request["mutant"])
+        target_spec = TargetSpec.from_dict(request["target_spec"])
         oracles = frozenset(request["oracles"]) if request["oracles"] is not None else None
-        result = run_case(target, Case.from_json(request["case"]), request["device"], schedule=request["schedule"],
-                          target_spec=request["target_spec"], mutant=request["mutant"], oracles=oracles)
+        result = run_case(target_spec.load(), Case.from_json(request["case"]), request["device"],
+                          schedule=request["schedule"], target_spec=target_spec, oracles=oracles)
     except HarnessError as exc:
         kind = next(c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS or c is HarnessError)
         return {"error": {"type": kind, "message": str(exc)}}

@@ -19,7 +19,7 @@ from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.mutants.contract_probes import run_probes
 from harness.mutants.corpus import MUTANTS, mutant_target
 from harness.sharding import WHOLE, Shard
-from harness.targets import ReferenceTarget
+from harness.targets import ReferenceTarget, TargetSpec
 from harness.workers import cpu_cores
 from reports import junit
 from reports.cli import render_folder
@@ -71,8 +71,8 @@ def judge_mutant(name: str, *, device: str = "cpu", examples: int = 200, semanti
     """One row of the table: the campaign against the mutant, then the contract probes."""
     m = MUTANTS[name]
     target = mutant_target(name)
-    r = run_campaign(target, target_spec="reference", device=device, semantics=semantics, examples=examples,
-                     mutant=name, seeds=seeds, seed=seed)
+    r = run_campaign(target, target_spec=TargetSpec(mutant=name), device=device, semantics=semantics,
+                     examples=examples, seeds=seeds, seed=seed)
     return _row(m, [f.oracle for f in r.findings], r.first_detection_examples, r.first_detection_seconds,
                 r.minimal.case.summary() if r.minimal else None, r.minimal.replay if r.minimal else None,
                 run_probes(target))

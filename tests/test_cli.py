@@ -14,8 +14,8 @@ import torch
 
 from harness import cli
 from harness.commands import replay as replay_command
-from harness.commands import triage as triage_command
 from harness.errors import ExitCode
+from harness.targets import TargetSpec
 from harness.workers import cpu_cores
 
 
@@ -147,7 +147,7 @@ def test_the_harnesss_own_crash_exits_5_never_1(monkeypatch, capsys):
 def test_triage_of_a_target_without_an_attention_backend_names_what_is_missing(monkeypatch, capsys, tmp_path):
     """Once an AttributeError traceback; triage checks the session's `model_runner.attn_backend`."""
     bare = SimpleNamespace(name="bare", open=lambda case, device: SimpleNamespace(model_runner=SimpleNamespace()))
-    monkeypatch.setattr(triage_command, "target_of", lambda args: bare)
+    monkeypatch.setattr(TargetSpec, "load", lambda spec: bare)
     assert cli.main(["triage", "--device", "cpu", "--report-dir", str(tmp_path)]) == 2
     assert "its session has no model_runner.attn_backend" in capsys.readouterr().err
 

@@ -18,7 +18,7 @@ from harness.covering import covering_cases, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
 from harness.strategies import PROFILE_BUDGETS, seed_cases
-from harness.targets import ReferenceTarget
+from harness.targets import ReferenceTarget, TargetSpec
 from reports.schema import StreamPhaseName
 from reports.merge import merge_summaries
 
@@ -123,7 +123,8 @@ def test_a_value_the_campaign_cannot_draw_is_named_unreachable_with_the_reason()
 def test_a_failure_in_the_coverage_first_phase_is_shrunk_by_hypothesis_with_its_replay_command():
     # EAGLE publishing is found where a case has an EAGLE-family spec: the phase aims at each (a drawn case has one
     # only where its spec is what closes publication)
-    result = run_campaign(mutant_target("eagle_publishes"), examples=60, seed=1, seeds=False, mutant="eagle_publishes")
+    result = run_campaign(mutant_target("eagle_publishes"), examples=60, seed=1, seeds=False,
+                          target_spec=TargetSpec(mutant="eagle_publishes"))
     found = result.cases_log[-1]
     assert found["phase"] == StreamPhase.COVERAGE_FIRST and found["outcome"] == "found"
     assert result.shrunk and result.findings and not result.found_on_seed

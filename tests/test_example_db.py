@@ -33,8 +33,9 @@ import json, sys
 from harness.campaign import run_campaign
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
-result = run_campaign(mutant_target("scheduler_no_wait"), mutant="scheduler_no_wait", profile="dev", seed=5,
-                      examples=60, seeds=False, shard=Shard(1, 2), shared_databases=[sys.argv[1]])
+from harness.targets import TargetSpec
+result = run_campaign(mutant_target("scheduler_no_wait"), target_spec=TargetSpec(mutant="scheduler_no_wait"), profile="dev",
+                      seed=5, examples=60, seeds=False, shard=Shard(1, 2), shared_databases=[sys.argv[1]])
 print(json.dumps(result.summary()))
 """
 

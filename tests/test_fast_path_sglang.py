@@ -23,8 +23,10 @@ from harness.engine import run_case
 from harness.hb import Checkpoint, Recorded
 from harness.sglang_target.api import load_api
 from harness.sglang_target.real_backend import fixed_dims
+from harness.targets import TargetSpec
 from harness.targets.protocol import Publish, first
 
+SGLANG = TargetSpec("sglang")
 CASE = Case(dims=dataclasses.replace(Dims(), **fixed_dims(load_api())),
             flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True),
             batches=(Batch(requests=(Request(5, 3), Request(0, 2)), mutations=(Mutation("req_to_token_rewrite"),)),))
@@ -38,7 +40,7 @@ def target():
 
 
 def test_sglang_s_event_and_barrier_are_on_the_timeline_and_keep_the_fast_path(target):
-    result = run_case(target, CASE, target_spec="sglang")
+    result = run_case(target, CASE, target_spec=SGLANG)
     publish, timeline = first(result.overlapped.notes[0], Publish), result.overlapped.timeline[0]
     record = next(e for e in timeline if isinstance(e, Recorded) and e.event == publish.event)
     scheduler = next(e for e in timeline if isinstance(e, Checkpoint))
@@ -56,5 +58,5 @@ def test_a_barrier_that_waits_on_the_forward_stream_after_a_publish_is_a_missed_
         self.schedule_stream.wait_stream(self.forward_stream)
 
     monkeypatch.setattr(scheduler, "_apply_war_barrier", waits_past_the_event)
-    findings = run_case(target, CASE, target_spec="sglang", oracles=frozenset({"fast-path"})).findings
+    findings = run_case(target, CASE, target_spec=SGLANG, oracles=frozenset({"fast-path"})).findings
     assert [(f.kind, f.details["cause"]) for f in findings] == [("missed-fast-path", "barrier-waits-past-event")]

@@ -20,11 +20,12 @@ from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.mutants.corpus import mutant_target
 from harness.strategies import (CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases,
                                 with_dims)
-from harness.targets import ReferenceTarget
+from harness.targets import ReferenceTarget, TargetSpec
 
 
 def test_a_failure_found_on_a_seed_case_is_shrunk_from_it():
-    result = run_campaign(mutant_target("scheduler_no_wait"), examples=3, mutant="scheduler_no_wait")
+    result = run_campaign(mutant_target("scheduler_no_wait"), examples=3,
+                          target_spec=TargetSpec(mutant="scheduler_no_wait"))
     seed = seed_cases("0.5.23")[0]
     assert result.first_detection_examples == 1 and result.found_on_seed
     assert result.shrunk and result.shrink_seconds is not None
@@ -82,7 +83,8 @@ def test_coverage_counts_every_dimension_and_lists_what_was_never_reached():
 
 
 def test_keep_going_collects_distinct_failures_each_shrunk():
-    result = run_campaign(mutant_target("scheduler_no_wait"), examples=80, keep_going=2, mutant="scheduler_no_wait")
+    result = run_campaign(mutant_target("scheduler_no_wait"), examples=80, keep_going=2,
+                          target_spec=TargetSpec(mutant="scheduler_no_wait"))
     assert len(result.failures) == 2 and result.shrunk
     assert len({failure_signature(f) for f in result.failures}) == 2
     assert all(f.findings for f in result.failures)

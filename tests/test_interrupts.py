@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ExitCode
-from harness.targets import ReferenceTarget, Target
+from harness.targets import ReferenceTarget, Target, TargetSpec
 from reports.folder import load_folder
 
 TESTS = Path(__file__).resolve().parent
@@ -135,7 +135,8 @@ def test_a_stop_while_shrinking_keeps_the_finding_judges_nothing_more_and_marks_
     from harness.campaign import run_campaign
     from harness.mutants.corpus import mutant_target
 
-    campaign = dict(mutant="refresh_keeps_cache", examples=100, seed=3, profile="dev", seeds=False)
+    campaign = dict(target_spec=TargetSpec(mutant="refresh_keeps_cache"), examples=100, seed=3, profile="dev",
+                    seeds=False)
     found_at = run_campaign(mutant_target("refresh_keeps_cache"), shrink=False, **campaign).first_detection_examples
     assert found_at, "the seed's stream does not find the mutant: pick another seed"
     target, opened, polls = mutant_target("refresh_keeps_cache"), [], []

@@ -6,6 +6,7 @@ Every child imports torch, so the tests share one runner and keep the number of 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -14,13 +15,14 @@ from dataclasses import asdict
 
 import pytest
 
+from harness import cli
 from harness.case import Batch, Case, Mutation, Request
 from harness.engine import replay_command, run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.findings import Finding
-from harness.isolation import IsolatedRunner, _exit_status, with_context_loss
+from harness.isolation import IsolatedRunner, _exit_status, _serve, with_context_loss
 from harness.mutants.corpus import mutant_target
-from harness.targets import ReferenceTarget, Target
+from harness.targets import ReferenceTarget, Target, TargetSpec
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
 
@@ -75,8 +77,9 @@ def runner():
 
 
 def test_a_judged_case_round_trips_the_in_process_findings(runner):
-    found = runner.run_case(PLAIN, "cpu", mutant="scheduler_no_wait")
-    here = run_case(mutant_target("scheduler_no_wait"), PLAIN, "cpu", mutant="scheduler_no_wait")
+    found = runner.run_case(PLAIN, "cpu", target_spec=TargetSpec(mutant="scheduler_no_wait"))
+    here = run_case(mutant_target("scheduler_no_wait"), PLAIN, "cpu",
+                    target_spec=TargetSpec(mutant="scheduler_no_wait"))
     assert found.outcome == "judged" and found.findings
     assert [asdict(f) for f in found.findings] == [asdict(f) for f in here.findings]
     assert found.replay == here.replay
@@ -89,27 +92,46 @@ def test_a_judged_case_round_trips_the_in_process_findings(runner):
 
 def test_the_childs_refusals_are_the_harness_errors_they_were(runner):
     with pytest.raises(InvalidArgument, match="no module named 'no_such_module_for_isolation'"):
-        runner.run_case(PLAIN, "cpu", target_spec="no_such_module_for_isolation:factory")
+        runner.run_case(PLAIN, "cpu", target_spec=TargetSpec("no_such_module_for_isolation:factory"))
     with pytest.raises(EnvironmentBroken, match="cannot import 'target_needing_a_missing_package'"):
-        runner.run_case(PLAIN, "cpu", target_spec="target_needing_a_missing_package:factory")
-    with pytest.raises(InvalidArgument, match="mutant applies to target reference only"):  # the library names its parameter
-        runner.run_case(PLAIN, "cpu", target_spec="sglang", mutant="scheduler_no_wait")
+        runner.run_case(PLAIN, "cpu", target_spec=TargetSpec("target_needing_a_missing_package:factory"))
+
+
+def test_the_target_spec_round_trips_through_the_childs_request_and_a_mutant_elsewhere_is_refused_first(
+        runner, tmp_path, capsys):
+    """The child rebuilds the very record it was sent (its replay command names the mutant); a mutant on another
+    target is never a record: the command line refuses it before any work, naming its flags, and a request that
+    carries one anyway is refused by the child in the library's words."""
+    spec = TargetSpec(mutant="scheduler_no_wait", names=("--target", "--mutant"))
+    assert TargetSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    found = runner.run_case(PLAIN, "cpu", target_spec=spec)
+    assert found.outcome == "judged" and found.findings
+    assert found.replay == replay_command(PLAIN, target_spec=spec, device="cpu", schedule="adversarial")
+    assert "--target reference --mutant scheduler_no_wait" in found.replay
+    assert cli.main(["run", "--device", "cpu", "--target", "sglang", "--mutant", "scheduler_no_wait",
+                     "--report-dir", str(tmp_path / "r")]) == 2
+    assert "--mutant applies to --target reference only, not 'sglang'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    request = {"case": PLAIN.to_json(), "device": "cpu", "schedule": "adversarial", "oracles": None,
+               "target_spec": {"spec": "sglang", "mutant": "scheduler_no_wait"}}
+    assert _serve(request) == {"error": {"type": "InvalidArgument",
+                                         "message": "mutant applies to target reference only, not 'sglang'"}}
 
 
 def test_a_segfault_is_a_crash_finding_with_its_replay_and_the_next_case_still_runs(runner):
     spec = f"{__name__}:segfaulting_target"
-    crashed = runner.run_case(PLAIN, "cpu", target_spec=spec, schedule="random:7")
+    crashed = runner.run_case(PLAIN, "cpu", target_spec=TargetSpec(spec), schedule="random:7")
     assert crashed.outcome == "crash" and len(crashed.findings) == 1
     finding = crashed.findings[0]
     assert (finding.oracle, finding.kind) == ("execution", "crash")
     assert "died of SIGSEGV (signal 11)" in finding.message and "Segmentation fault" in finding.message
-    assert crashed.replay == replay_command(PLAIN, target=spec, device="cpu", schedule="random:7")
+    assert crashed.replay == replay_command(PLAIN, target_spec=TargetSpec(spec), device="cpu", schedule="random:7")
     after = runner.run_case(PLAIN, "cpu")
     assert (after.outcome, after.findings) == ("judged", [])
 
 
 def test_a_crash_names_its_error_before_the_stderr_tail(runner):
-    crashed = runner.run_case(PLAIN, "cpu", target_spec=f"{__name__}:failing_exit_target")
+    crashed = runner.run_case(PLAIN, "cpu", target_spec=TargetSpec(f"{__name__}:failing_exit_target"))
     finding = crashed.findings[0]
     assert finding.message.startswith("the case's process exited with status 1: RuntimeError: the planted failure;")
     assert finding.details["error"] == "RuntimeError: the planted failure"
@@ -117,7 +139,7 @@ def test_a_crash_names_its_error_before_the_stderr_tail(runner):
 
 def test_a_hang_is_killed_and_becomes_a_hang_finding(runner):
     started = time.perf_counter()
-    hung = runner.run_case(PLAIN, "cpu", target_spec=f"{__name__}:hanging_target", timeout_s=1.0)
+    hung = runner.run_case(PLAIN, "cpu", target_spec=TargetSpec(f"{__name__}:hanging_target"), timeout_s=1.0)
     assert time.perf_counter() - started < 30
     assert hung.outcome == "hang" and [(f.oracle, f.kind) for f in hung.findings] == [("execution", "hang")]
     assert "did not finish within 1s; its process was killed" in hung.findings[0].message
@@ -137,13 +159,13 @@ def test_a_bad_timeout_is_refused():
 
 @pytest.mark.gpu
 def test_on_cuda_a_context_killing_case_is_a_crash_and_the_next_case_runs_clean(runner):
-    crashed = runner.run_case(PLAIN, "cuda", target_spec=f"{__name__}:device_assert_target")
+    crashed = runner.run_case(PLAIN, "cuda", target_spec=TargetSpec(f"{__name__}:device_assert_target"))
     assert crashed.outcome == "crash"
     lost = [f for f in crashed.findings if f.oracle == "execution"]  # one finding: the engine's, naming the crash
     assert [f.kind for f in lost] == ["context-lost"] and "device-side assert" in lost[0].message
     clean = runner.run_case(PLAIN, "cuda")
     assert (clean.outcome, clean.findings) == ("judged", [])
-    caught = runner.run_case(PLAIN, "cuda", mutant="scheduler_no_wait")
+    caught = runner.run_case(PLAIN, "cuda", target_spec=TargetSpec(mutant="scheduler_no_wait"))
     assert caught.outcome == "judged" and caught.findings
 
 

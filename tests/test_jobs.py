@@ -19,7 +19,7 @@ from harness.commands.run import AUTO_JOBS_MAX, auto_jobs
 from harness.errors import InvalidArgument
 from harness.isolation import IsolatedPool
 from harness.mutants.corpus import mutant_target
-from harness.targets import ReferenceTarget
+from harness.targets import ReferenceTarget, TargetSpec
 from tests.test_isolation import PLAIN
 
 ISOLATE_S = 120.0
@@ -47,7 +47,7 @@ def test_a_clean_campaign_judges_the_stream_of_one_case_at_a_time():
 
 def test_a_failure_is_found_at_the_same_case_and_shrunk_to_the_same_case():
     target = mutant_target("threshold_off_by_one")
-    options = dict(examples=200, seed=5, seeds=False, mutant="threshold_off_by_one", target_spec="reference")
+    options = dict(examples=200, seed=5, seeds=False, target_spec=TargetSpec(mutant="threshold_off_by_one"))
     one = run_campaign(target, **options)
     dealt = run_campaign(target, **options, isolate_s=ISOLATE_S, jobs=2)
     assert one.findings and dealt.findings
@@ -58,7 +58,7 @@ def test_a_failure_is_found_at_the_same_case_and_shrunk_to_the_same_case():
 
 def test_keep_going_collects_the_same_failures():
     target = mutant_target("snapshot_skipped")
-    options = dict(examples=40, seed=3, mutant="snapshot_skipped", keep_going=2, shrink=False)
+    options = dict(examples=40, seed=3, target_spec=TargetSpec(mutant="snapshot_skipped"), keep_going=2, shrink=False)
     one = run_campaign(target, **options)
     dealt = run_campaign(target, **options, isolate_s=ISOLATE_S, jobs=2)
     assert len(one.failures) == 2
@@ -81,8 +81,9 @@ def test_a_replay_that_misses_the_failure_says_so_and_still_shrinks(monkeypatch,
 
     monkeypatch.setattr(campaign_module, "_seeded", other_seed_on_replay)
     target = mutant_target("threshold_off_by_one")
-    dealt = run_campaign(target, examples=200, seed=5, seeds=False, mutant="threshold_off_by_one", isolate_s=ISOLATE_S,
-                         jobs=2, shrink_seconds=10)
+    dealt = run_campaign(target, examples=200, seed=5, seeds=False,
+                         target_spec=TargetSpec(mutant="threshold_off_by_one"), isolate_s=ISOLATE_S, jobs=2,
+                         shrink_seconds=10)
     assert replayed  # the dealt pass, then the replay
     assert dealt.findings and dealt.shrunk
     assert "did not meet its failing case" in capsys.readouterr().err
@@ -103,7 +104,7 @@ def test_a_stop_counts_the_cases_in_flight_as_one_case_at_a_time_counts_its_one(
 
 def test_a_crash_in_one_child_is_that_case_finding():
     with IsolatedPool(2, timeout_s=ISOLATE_S) as pool:
-        crashed = pool.submit(PLAIN, "cpu", target_spec="tests.test_isolation:segfaulting_target")
+        crashed = pool.submit(PLAIN, "cpu", target_spec=TargetSpec("tests.test_isolation:segfaulting_target"))
         judged = pool.submit(PLAIN, "cpu")
         assert [(f.oracle, f.kind) for f in crashed.result().findings] == [("execution", "crash")]
         assert judged.result().findings == [] and judged.result().outcome == "judged"

@@ -14,6 +14,7 @@ from harness.campaign import run_campaign
 from harness.errors import InvalidArgument
 from harness.mutants.corpus import mutant_target
 from harness.nightly import Step, parse_skip, plan, run_steps
+from harness.targets import TargetSpec
 from harness.workers import cpu_cores
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -21,12 +22,12 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 def test_a_failure_drawn_by_a_nightly_replays_from_the_database_it_left(tmp_path):
     db = tmp_path / "examples"
-    target = mutant_target("scheduler_no_wait")
-    first = run_campaign(target, profile="dev", examples=60, database_dir=db, seeds=False, mutant="scheduler_no_wait",
+    target, target_spec = mutant_target("scheduler_no_wait"), TargetSpec(mutant="scheduler_no_wait")
+    first = run_campaign(target, profile="dev", examples=60, database_dir=db, seeds=False, target_spec=target_spec,
                          shrink=False)
     assert first.findings and any(db.rglob("*")), "the drawn failure was saved"
     again = run_campaign(target, profile="dev", examples=60, database_dir=db, seeds=False, from_db=True,
-                         mutant="scheduler_no_wait", shrink=False)
+                         target_spec=target_spec, shrink=False)
     assert again.findings and again.first_detection_examples == 1
 
 

@@ -31,9 +31,11 @@ from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402
+from harness.targets import TargetSpec  # noqa: E402
 from harness.targets.protocol import Publish  # noqa: E402
 
 INSTALLED = dist_version("sglang")
+SGLANG = TargetSpec("sglang")
 # Host and storage offload and HiSparse have no gate before 0.5.23: a PR-era release publishes under them, which
 # the policy oracle reports (BENCHMARKS.md, "Races found in released SGLang"); the clean checks leave them off.
 LATER_GATES = frozenset({"hierarchical_cache", "hicache_storage", "lmcache", "hisparse"})
@@ -78,7 +80,7 @@ def test_each_path_runs_clean_through_the_releases_runners(target, harness_devic
     batch = Batch(requests=(Request(6, 5), Request(0, 4)), graph=shape.startswith("graph"), mutations=(REWRITE,))
     case = _case(target, batch, contract="bcg" if shape == "graph-bcg" else "fresh",
                  SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=shape != "eager-dense")
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     published = _published(result)
     if shape == "graph-bcg":  # the captured-metadata replay builds no snapshot: the coarse barrier
@@ -90,7 +92,7 @@ def test_each_path_runs_clean_through_the_releases_runners(target, harness_devic
 def test_a_cp_case_is_refused_where_the_release_shards_it_across_ranks(target, harness_device):
     case = _case(target, Batch(requests=(Request(6, 5),)), cp_active=True)
     if "cp_active" not in target.cannot_run:
-        assert run_case(target, case, harness_device, target_spec="sglang").findings == []
+        assert run_case(target, case, harness_device, target_spec=SGLANG).findings == []
         return
     with pytest.raises(InvalidArgument, match="cp_active"):
         target.open(case, make_device(harness_device))
@@ -112,7 +114,7 @@ def test_the_release_and_the_reference_model_agree_field_by_field(target, harnes
 
 
 def test_a_short_campaign_finds_nothing(target, harness_device):
-    result = run_campaign(target, target_spec="sglang", device=harness_device, semantics=target.semantics,
+    result = run_campaign(target, target_spec=SGLANG, device=harness_device, semantics=target.semantics,
                           examples=12, seed=3, without=LATER_GATES)
     assert result.cases == 12 and result.findings == [], [f.message for f in result.findings]
 
@@ -130,7 +132,7 @@ def test_a_snapshot_that_claims_its_reads_without_building_the_cache_is_found(ta
 
         monkeypatch.setattr(api.backend_cls, "prepare_prefill_shared_read_snapshot", claims)
     case = _case(target, Batch(requests=(Request(6, 5), Request(0, 4)), mutations=(REWRITE,)))
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     found = {(f.oracle, f.kind) for f in result.findings}
     assert ("policy", "read-after-publish") in found and ("happens-before", "unordered-access") in found
     assert "--target sglang" in result.replay
@@ -140,7 +142,7 @@ def test_a_later_gate_the_release_lacks_is_reported_not_hidden(target, harness_d
     """Host offload has no publish gate before 0.5.23: a PR-era release publishes under it, and the policy
     oracle says so; 0.5.23 does not publish."""
     case = _case(target, Batch(mode=ForwardMode.EXTEND, requests=(Request(6, 5),)), hierarchical_cache=True)
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     found = {(f.oracle, f.kind) for f in result.findings}
     if target.semantics == "0.5.23":
         assert not _published(result) and not found
@@ -153,7 +155,7 @@ def test_lmcache_stores_the_stashed_chunk_unordered_where_the_release_publishes_
     stores the chunk to LMCache on the schedule stream, which waited only on read-done while the forward still
     writes that chunk's KV. 0.5.23 does not publish under LMCache; 0.5.19 and 0.5.20 store only after the sync."""
     case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3)), mutations=(REWRITE,)), lmcache=True)
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     races = [f for f in result.findings if f.kind == "unordered-access" and "lmcache.store" in f.message]
     if target.api.generation.stores_stashed_chunk and target.semantics == "pr":
         assert races and any(f.oracle == "differential" and "lmcache_stored_chunk" in f.message

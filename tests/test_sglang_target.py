@@ -34,11 +34,13 @@ from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
+from harness.targets import TargetSpec  # noqa: E402
 from harness.targets.protocol import (Forward, GraphReplay, LazyBuild, Planned, PlanRead, Publish,  # noqa: E402
                                       Snapshot)
 
 # The sizes the installed release's cases run at (0.5.23's backend asserts DSV4's page, head_dim and top-k).
 FIXED_DIMS = tuple(fixed_dims(load_api()).items())
+SGLANG = TargetSpec("sglang")
 DIMS = dataclasses.replace(Dims(), **dict(FIXED_DIMS))
 
 
@@ -128,7 +130,7 @@ def test_dsv4_replays_its_prefill_graph_as_the_breakable_graph_only(target, harn
 
 @pytest.mark.parametrize("name", list(FIXED))
 def test_fixed_cases_run_clean_and_publish(target, name, harness_device):
-    result = run_case(target, FIXED[name], harness_device, target_spec="sglang")
+    result = run_case(target, FIXED[name], harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     published = notes(result, Publish)
     if name == "graph-bcg":  # the captured-metadata replay builds no snapshot: the coarse barrier
@@ -142,7 +144,7 @@ def test_fixed_cases_run_clean_and_publish(target, name, harness_device):
 def test_eagle_resolves_pre_replay_but_never_publishes(target, harness_device):
     case = Case(dims=DIMS, spec=SpeculativeAlgorithm.EAGLE,
                 batches=(Batch(requests=(Request(10, 7),), mutations=(REWRITE,)),))
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     assert notes(result, Snapshot) and not notes(result, Publish)  # the gate is at publish time
 
@@ -188,7 +190,7 @@ def test_seeded_break_snapshot_skips_the_build_is_reported(target, harness_devic
     api = load_api()
     monkeypatch.setattr(api.backend_cls, "_snapshot_prefill_shared_reads",
                         lambda self, fb, *, num_qo_tokens: api.mods["base_backend"].SharedReadEnds.PRE_REPLAY)
-    result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec="sglang")
+    result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec=SGLANG)
     found = set(kinds(result))
     assert ("policy", "read-after-publish") in found and ("policy", "sparse-decision-disagrees") in found
     assert ("happens-before", "unordered-access") in found
@@ -207,7 +209,7 @@ def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, harne
         return backend
 
     monkeypatch.setattr(SglangModelRunner, "_build_backend", broken)
-    result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec="sglang")
+    result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec=SGLANG)
     assert ("execution", "target-raised") in kinds(result)
     assert "token_to_kv_pool" in result.findings[0].message and "--target sglang" in result.replay
 
@@ -232,7 +234,7 @@ def test_an_eager_extend_batch_runs_sglangs_own_backend(target, harness_device, 
     backend_cls = target.api.backend_cls
     calls = _counting(monkeypatch, backend_cls, ("__init__", "init_forward_metadata", "forward",
                                                  "_forward_prefill_sparse"))
-    result = run_case(target, FIXED[name], harness_device, target_spec="sglang")
+    result = run_case(target, FIXED[name], harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     layers, runs = len(DIMS.layer_ratios), 3  # overlapped, barriered, and the reference oracle's run
     assert calls["__init__"] == runs
@@ -255,7 +257,7 @@ def test_a_read_the_real_forward_was_not_meant_to_make_is_an_undeclared_access(t
     monkeypatch.setattr(backend_cls, "get_swa_out_cache_loc", live)
     case = Case(dims=DIMS, batches=(Batch(requests=(Request(6, 5), Request(0, 4)),
                                           mutations=(Mutation("swa_clear", count=4),)),))
-    result = run_case(target, case, harness_device, target_spec="sglang", oracles=frozenset({"happens-before"}))
+    result = run_case(target, case, harness_device, target_spec=SGLANG, oracles=frozenset({"happens-before"}))
     undeclared = [f for f in result.findings if f.kind == "undeclared-access"]
     assert undeclared and "'full_to_swa'" in undeclared[0].message, [f.message for f in result.findings]
     assert "DeepseekV4AttnBackend.forward" in undeclared[0].message
@@ -414,7 +416,7 @@ def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_d
     replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
     eager = Batch(requests=(Request(3, 5),), mutations=(REWRITE,))
     case = Case(dims=DIMS, graph_contract="bcg", batches=(eager, replay, replay))  # 0.5.23's one prefill graph
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     assert set(calls) == {f"{o.__name__}.{n}" if isinstance(o, type) else n for o, n in entries}, calls
     loop = [c for c in calls if c.startswith("Scheduler.")]
@@ -449,7 +451,7 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
         monkeypatch.setattr(owner, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
     case = Case(dims=DIMS, graph_contract="bcg", batches=(replay, replay))
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     layers = len(DIMS.layer_ratios)
     # the overlapped and the barriered run each open a session: each captures the bucket once, replays it twice
@@ -471,11 +473,11 @@ def test_each_session_starts_with_an_empty_process_wide_input_buffer_pool(target
     replay = Batch(requests=(Request(2, 5),), graph=True)
     case = Case(dims=DIMS, graph_contract="bcg", batches=(replay,))
     pool = target.api.mods["input_buffers"]._forward_input_buffer_pool
-    assert run_case(target, case, harness_device, target_spec="sglang").findings == []
+    assert run_case(target, case, harness_device, target_spec=SGLANG).findings == []
     assert pool, "the first case's runner put no buffer in SGLang's process-wide pool: nothing is checked here"
     for buffer in pool.values():  # the last case's slots, out of the range of this case's pools
         buffer.fill_(1 << 30)
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
 
 
@@ -487,7 +489,7 @@ def test_a_breakable_bucket_wider_than_the_request_table_is_captured_in_requests
     requests = tuple(Request(0, 90) for _ in range(9))  # 810 tokens, each request within one 256-token page
     case = Case(dims=dataclasses.replace(DIMS, layer_ratios=(4,)), graph_contract="bcg",
                 batches=(Batch(requests=requests, graph=True, mutations=(REWRITE,)),))
-    result = run_case(target, case, harness_device, target_spec="sglang")
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     assert notes(result, GraphReplay)[0].bucket > 256
 
@@ -556,7 +558,7 @@ def test_sglangs_plans_are_numbered_and_each_forward_reads_its_own(target, harne
     resolver's chunk-cache build are numbered plans (`plans.Plans`), each forward's read names the plan it read,
     and on clean code every read is of a plan of its own batch; the idle step (SGLang drops the metadata) reads
     nothing planned."""
-    result = run_case(target, _idle_step_case(), harness_device, target_spec="sglang")
+    result = run_case(target, _idle_step_case(), harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     per_batch = [[r for r in batch if isinstance(r, (Planned, PlanRead))] for batch in result.overlapped.notes]
     for index, records in enumerate(per_batch):
@@ -581,7 +583,7 @@ def test_an_idle_step_that_keeps_the_metadata_is_found_stale(target, harness_dev
     exec(compile(source.replace(drop, "pass"), "<_execute_idle without the drop>", "exec"),
          vars(inspect.getmodule(runner_cls)), namespace)
     monkeypatch.setattr(runner_cls, "_execute_idle", namespace["_execute_idle"])
-    result = run_case(target, _idle_step_case(), harness_device, target_spec="sglang",
+    result = run_case(target, _idle_step_case(), harness_device, target_spec=SGLANG,
                       oracles=frozenset({"freshness"}))
     stale = [f for f in result.findings if f.kind == "stale-plan"]
     assert stale and stale[0].batch == 1 and "planned for batch 0" in stale[0].message, \

@@ -10,7 +10,7 @@ from harness.device import SimDevice
 from harness.engine import execute, explore, run_case
 from harness.errors import InvalidArgument
 from harness.mutants.corpus import mutant_target
-from harness.targets import ReferenceTarget
+from harness.targets import ReferenceTarget, TargetSpec
 
 
 def two_stream_program(device: SimDevice, *, with_event: bool) -> torch.Tensor:
@@ -91,7 +91,8 @@ def test_exploration_bound_is_reported():
 
 
 def test_failing_order_replays_from_its_command():
-    result = run_case(mutant_target("snapshot_skipped"), CASE, schedule="random:1", mutant="snapshot_skipped")
+    result = run_case(mutant_target("snapshot_skipped"), CASE, schedule="random:1",
+                      target_spec=TargetSpec(mutant="snapshot_skipped"))
     schedule = result.replay.split("--schedule ")[1].split()[0]
     again = execute(mutant_target("snapshot_skipped"), CASE, "cpu", schedule=schedule)
     assert again.trace == result.overlapped.trace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.options import target_of
+from harness.commands.options import target_spec_of
 from harness.csan import second_opinion_campaign
 from harness.errors import ExitCode
 from reports.schema import CSAN
@@ -13,10 +13,10 @@ from reports.writers import write_report
 
 def run(args) -> int:
     semantics = args.semantics
-    target = target_of(args)
-    summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics, target_spec=args.target,
-                                      mutant=args.mutant)
-    summary.update(target=args.target, mutant=args.mutant, semantics=semantics)
+    target_spec = target_spec_of(args)
+    summary = second_opinion_campaign(target_spec.load(), examples=args.examples, semantics=semantics,
+                                      target_spec=target_spec)
+    summary.update(target=target_spec.spec, mutant=target_spec.mutant, semantics=semantics)
     write_report(Path(args.report_dir) / CSAN, summary)
     print(f"{summary['cases']} cases ({summary['graph_cases']} with graph replays), judged by our tracker, the "
           f"differential oracle and CSAN: {summary['verdicts']}; {summary['differential_findings']} differential")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.commands.options import read_case, target_of
+from harness.commands.options import read_case, target_spec_of
 from harness.device import DeviceKind, resolve_device
 from harness.engine import explore
 from harness.errors import ExitCode, InvalidArgument
@@ -13,8 +13,7 @@ def run(args) -> int:
     if resolve_device(args.device, option="--device") is not DeviceKind.CPU:
         raise InvalidArgument("explore runs on the CPU simulator only: use --device cpu")
     case = read_case(args.case)
-    target = target_of(args)
-    outcome = explore(target, case, bound=args.bound, target_spec=args.target, mutant=args.mutant,
+    outcome = explore(target_spec_of(args).load(), case, bound=args.bound,
                       oracles=parse_oracles(args.oracles, "--oracles"))
     per_oracle = ", ".join(f"{name} {count}" for name, count in sorted(outcome.by_oracle.items()))
     print(f"explored {outcome.explored} interleaving(s){' (bound reached)' if outcome.truncated else ' (all)'}; "

@@ -8,7 +8,7 @@ from pathlib import Path
 from harness.case import SEMANTICS, Case, Flags
 from harness.errors import InvalidArgument
 from harness.mutants.corpus import MUTANTS
-from harness.targets import Target, load_target
+from harness.targets import TargetSpec
 from harness.validation import check_one_of
 
 
@@ -28,12 +28,13 @@ def parse_without(value: str) -> frozenset[str]:
     return names
 
 
-def target_of(args) -> Target:
-    """The target --target and --mutant name; a --mutant that is not a seeded bug of the corpus is
-    refused naming the flag (the corpus names its parameter)."""
+def target_spec_of(args) -> TargetSpec:
+    """--target and --mutant as the one record every later step reads, checked now, before any work, naming
+    the flags: a --mutant that is not a seeded bug of the corpus (the corpus itself names its parameter), or
+    one on a target other than reference. The record's own messages name the flags too, when it loads."""
     if args.mutant is not None and args.target == "reference":
         check_one_of(args.mutant, MUTANTS, "--mutant")
-    return load_target(args.target, mutant=args.mutant, names=("--target", "--mutant"))
+    return TargetSpec(args.target, args.mutant, names=("--target", "--mutant"))
 
 
 def read_case(text: str) -> Case:

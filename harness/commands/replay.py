@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.commands.options import read_case, target_of
+from harness.commands.options import read_case, target_spec_of
 from harness.device import resolve_device
 from harness.engine import run_case
 from harness.errors import ExitCode
@@ -12,8 +12,8 @@ from harness.oracles import parse_oracles
 def run(args) -> int:
     case = read_case(args.case)
     device = resolve_device(args.device, option="--device")
-    target = target_of(args)
-    result = run_case(target, case, device, schedule=args.schedule, target_spec=args.target, mutant=args.mutant,
+    target_spec = target_spec_of(args)
+    result = run_case(target_spec.load(), case, device, schedule=args.schedule, target_spec=target_spec,
                       oracles=parse_oracles(args.oracles, "--oracles"))
     print(f"case: {case.summary()}")
     print(f"schedule: {args.schedule}; executed order: forced:{result.overlapped.schedule}")

@@ -10,7 +10,7 @@ from typing import Optional
 
 from harness.campaign import Campaign, CampaignConfig, keeps_database
 from harness.choices import AUTO_JOBS_MAX, PROFILES
-from harness.commands.options import parse_without, target_of
+from harness.commands.options import parse_without, target_spec_of
 from harness.coverage import describe as describe_coverage
 from harness.device import DeviceKind, resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
@@ -36,9 +36,9 @@ def run(args) -> int:
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
         refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
-    target = target_of(args)
     in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
     config = campaign_config(args, device, report_dir, processes=count)
+    target = config.target_spec.load()
     if in_workers and args.from_db:
         raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
     with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
@@ -80,8 +80,8 @@ def campaign_config(args, device: str, report_dir: Path, *, processes: int) -> C
     the run's `processes` (workers)."""
     isolate_s = isolate_seconds(args.isolate, device, jobs=args.jobs or 1)
     return CampaignConfig(
-        target_spec=args.target, device=device, semantics=args.semantics, examples=args.examples, seed=args.seed,
-        profile=args.profile, database_dir=report_dir / "examples", mutant=args.mutant, shrink=not args.no_shrink,
+        target_spec=target_spec_of(args), device=device, semantics=args.semantics, examples=args.examples,
+        seed=args.seed, profile=args.profile, database_dir=report_dir / "examples", shrink=not args.no_shrink,
         oracles=parse_oracles(args.oracles, "--oracles"), from_db=args.from_db, isolate_s=isolate_s, seeds=not args.no_seeds,
         shard=Shard.parse(args.shard), shared_databases=tuple(args.example_db), keep_going=args.keep_going,
         jobs=args.jobs or auto_jobs(device, isolate_s, processes=processes), without=parse_without(args.without))
@@ -91,15 +91,16 @@ def worker_argv(config: CampaignConfig, args, databases: list[str]) -> list[str]
     """`harness run`'s options that make a worker's campaign `config` (the worker's shard and report
     folder are added to them), its output as verbose as this run's; `databases`: its --example-db.
     tests/test_workers.py parses them back into the same config."""
-    values = {"--target": config.target_spec, "--device": config.device, "--profile": config.profile,
+    values = {"--device": config.device, "--profile": config.profile,
               "--semantics": config.semantics, "--isolate": "off" if config.isolate_s is None else config.isolate_s,
-              "--progress-every": args.progress_every, "--workers": 1, "--mutant": config.mutant,
+              "--progress-every": args.progress_every, "--workers": 1,
               "--oracles": None if config.oracles is None else ",".join(sorted(config.oracles)),
               "--examples": config.examples, "--seed": config.seed, "--without": ",".join(sorted(config.without)),
               "--keep-going": config.keep_going, "--jobs": config.jobs}
     switches = {"--no-shrink": not config.shrink, "--no-seeds": not config.seeds, "-q": args.quiet,
                 "-v": args.verbose}
-    argv = [arg for flag, value in values.items() if value not in (None, "") for arg in (flag, str(value))]
+    argv = config.target_spec.arguments()
+    argv += [arg for flag, value in values.items() if value not in (None, "") for arg in (flag, str(value))]
     argv += [arg for db in databases for arg in ("--example-db", db)]
     return argv + [flag for flag, on in switches.items() if on]
 
@@ -159,7 +160,7 @@ def _run_one(args, target, config: CampaignConfig, *, report_dir: Path, stop) ->
                              every_s=args.progress_every) as progress:
         result = Campaign(target, config, on_case=progress.update, should_stop=stop).run()
     summary = annotate_summary(result.summary(), window)
-    summary["mutant"] = config.mutant
+    summary["mutant"] = config.target_spec.mutant
     summary["oracles"] = [name for name in oracle_names()
                           if config.oracles is None or name in config.oracles]  # as they judged
     summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if DeviceKind(config.device).uses_gpus else None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.campaign import run_campaign
 from harness.case import Batch, Case, Request
-from harness.commands.options import check_semantics, target_of
+from harness.commands.options import check_semantics, target_spec_of
 from harness.contracts.objects import ENTRY_POINTS, check_object, reads_on_every_call
 from harness.contracts.source import check_classes, static_section
 from harness.device import make_device, resolve_device
@@ -24,10 +24,11 @@ from reports.writers import write_report
 def run(args) -> int:
     if args.versions is not None:
         return triage_versions(args)
+    target_spec = target_spec_of(args)
     if args.static_only:
-        return static_triage(args)
+        return static_triage(args, target_spec)
     device = resolve_device(args.device, option="--device")
-    target = target_of(args)
+    target = target_spec.load()
     semantics = (target.semantics_supported[0] if args.semantics == "auto"
                  else check_semantics(args.semantics))
     case = with_dims(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)),
@@ -35,8 +36,8 @@ def run(args) -> int:
     session = target.open(case, make_device(device))
     backend = getattr(getattr(session, "model_runner", None), "attn_backend", None)
     if backend is None:
-        raise InvalidArgument(f"triage --target {args.target}: its session has no model_runner.attn_backend, the "
-                              f"object triage checks; give a target whose session exposes its attention backend")
+        raise InvalidArgument(f"triage --target {target_spec.spec}: its session has no model_runner.attn_backend, "
+                              "the object triage checks; give a target whose session exposes its attention backend")
     entry_points = getattr(session, "contract_entry_points", ENTRY_POINTS)
     breaks = check_object(backend, entry_points)
     for b in breaks:
@@ -49,13 +50,13 @@ def run(args) -> int:
                   "__init__ must be given it)")
     static = static_section(check_classes(triage_classes(session)))
     oracles = parse_oracles(args.oracles, "--oracles")
-    result = run_campaign(target, target_spec=args.target, device=device, semantics=semantics,
-                          examples=args.examples, mutant=args.mutant, oracles=oracles)
+    result = run_campaign(target, target_spec=target_spec, device=device, semantics=semantics,
+                          examples=args.examples, oracles=oracles)
     for finding in result.findings:
         print(f"[{finding.oracle}/{finding.kind}] {finding.message}")
     if result.minimal:
         print(f"  replay: {result.minimal.replay}")
-    report = {"target": getattr(target, "name", args.target), "device": device, "semantics": semantics,
+    report = {"target": getattr(target, "name", target_spec.spec), "device": device, "semantics": semantics,
               "contract_breaks": [asdict(b) for b in breaks],
               "every_call_reads": {entry: [asdict(r) for r in reads] for entry, reads in every_call.items()},
               **static,

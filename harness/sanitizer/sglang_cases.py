@@ -45,7 +45,7 @@ from harness.sglang_target.api import KERNELS as KERNEL_MODULE
 from harness.sglang_target.api import TRITON_KERNELS as SGLANG_KERNELS
 from harness.sglang_target.api import prepare_triton
 from harness.strategies import with_contract, with_dims
-from harness.targets import load_target
+from harness.targets import TargetSpec
 
 # name -> (tool, finding kind, kernel, (old, new)): one textual edit of SGLang's kernel file.
 PLANTED_EDITS = {
@@ -252,7 +252,8 @@ def run_kernels(module: ModuleType, *, graph: bool, device: str = "cuda", geomet
 
 def run_prefill(*, graph: bool, device: str = "cuda") -> list[str]:
     """One harness case through `--target sglang`: SGLang's runner, backend, chunk cache and publisher."""
-    target = load_target("sglang")
+    target_spec = TargetSpec("sglang")
+    target = target_spec.load()
     module = kernel_module()
     requests = (Request(12, 6), Request(0, 9), Request(140, 3))
     case = with_dims(Case(batches=(Batch(requests=requests, graph=graph, mutations=(Mutation("swa_clear", count=2),)),
@@ -260,7 +261,7 @@ def run_prefill(*, graph: bool, device: str = "cuda") -> list[str]:
                      tuple(target.fixed_dims.items()))  # at the sizes the installed release asserts
     case = with_contract(case, target.graph_contracts)  # and replayed as it replays
     with launched_kernels(module) as seen:
-        result = run_case(target, case, device, target_spec="sglang")
+        result = run_case(target, case, device, target_spec=target_spec)
     if result.findings:
         raise AssertionError(f"the harness's oracles flagged clean SGLang under the sanitizer: {result.findings[0].message}")
     return seen

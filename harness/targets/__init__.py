@@ -1,5 +1,6 @@
 """The systems under test: the protocol (`protocol.py`), the reference model behind it (`reference.py`),
-and `load_target`, which turns a `--target` value into a target.
+`TargetSpec`, the target a run names (`--target`, `--mutant`) as one record, and `load_target`, which turns
+a `--target` value into a target.
 
 The built-in names are `module:factory` strings, resolved like any other: this package never imports the
 targets built on it (the sglang target in `harness.sglang_target`, the seeded bugs in
@@ -9,6 +10,7 @@ targets built on it (the sglang target in `harness.sglang_target`, the seeded bu
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.errors import EnvironmentBroken, InvalidArgument
@@ -44,22 +46,62 @@ def resolve_factory(spec: str, shown: str, name: str = "target") -> Callable:
     return factory
 
 
+@dataclass(frozen=True)
+class TargetSpec:
+    """The target a run names: `spec` (`reference`, `sglang` or `module:factory`) and `mutant` (one seeded bug
+    of the reference, or None). One record, made once from the command line, so that the target a campaign
+    loads, the one an isolated child rebuilds, the example database's scope and the replay command read the
+    same pair: as two strings carried side by side they could disagree.
+
+    A mutant on another target is refused as the record is made, before any work. `names`: what the maker
+    calls the target and the mutant, in the messages (the command line: --target, --mutant); not part of
+    the value, so it is neither compared nor sent to a child, which answers in the library's words."""
+
+    spec: str = "reference"
+    mutant: str | None = None
+    names: tuple[str, str] = field(default=("target", "mutant"), compare=False, repr=False)
+
+    def __post_init__(self):
+        name, mutant_name = self.names
+        if self.mutant is not None and self.spec != "reference":
+            raise InvalidArgument(f"{mutant_name} applies to {name} reference only, not {self.spec!r}")
+
+    def load(self) -> Target:
+        """The target itself; a spec that names no target (no such module or factory, a factory that returns
+        something else) is refused naming it, one whose module cannot be imported is a broken environment."""
+        name, _ = self.names
+        if self.mutant is not None:
+            return resolve_factory(MUTANT_FACTORY, self.spec, name)(self.mutant)
+        if self.spec in BUILTIN_TARGETS:
+            return resolve_factory(BUILTIN_TARGETS[self.spec], self.spec, name)()
+        target = resolve_factory(self.spec, self.spec, name)()
+        if not isinstance(target, Target):
+            raise InvalidArgument(f"{name} {self.spec}: the factory returned a {type(target).__name__}, not a "
+                                  "harness.targets.protocol.Target (subclass it and implement open(case, device))")
+        return target
+
+    def arguments(self) -> list[str]:
+        """The command line's `--target SPEC [--mutant NAME]` that names this target again (a replay command's,
+        a worker's)."""
+        return ["--target", self.spec] + (["--mutant", self.mutant] if self.mutant else [])
+
+    def to_dict(self) -> dict:
+        """The value as JSON can carry it (an isolated child's request); `from_dict` reads it back."""
+        return {"spec": self.spec, "mutant": self.mutant}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TargetSpec:
+        return cls(data["spec"], data["mutant"])
+
+
+REFERENCE = TargetSpec()  # the default: the clean reference model
+
+
 def load_target(spec: str, *, mutant: str | None = None, names: tuple[str, str] = ("target", "mutant")) -> Target:
     """`reference`, `sglang` (the names of BUILTIN_TARGETS), or `module:factory`; `names`: what the caller
     calls the target and the mutant, in the messages (the command line: --target, --mutant)."""
-    name, mutant_name = names
-    if mutant is not None:
-        if spec != "reference":
-            raise InvalidArgument(f"{mutant_name} applies to {name} reference only, not {spec!r}")
-        return resolve_factory(MUTANT_FACTORY, spec, name)(mutant)
-    if spec in BUILTIN_TARGETS:
-        return resolve_factory(BUILTIN_TARGETS[spec], spec, name)()
-    target = resolve_factory(spec, spec, name)()
-    if not isinstance(target, Target):
-        raise InvalidArgument(f"{name} {spec}: the factory returned a {type(target).__name__}, not a "
-                              "harness.targets.protocol.Target (subclass it and implement open(case, device))")
-    return target
+    return TargetSpec(spec, mutant, names).load()
 
 
-__all__ = ["BUILTIN_TARGETS", "MUTANT_FACTORY", "Classes", "ReferenceSession", "ReferenceTarget", "Session", "Target",
-           "load_batch", "load_target", "resolve_factory"]
+__all__ = ["BUILTIN_TARGETS", "MUTANT_FACTORY", "REFERENCE", "Classes", "ReferenceSession", "ReferenceTarget", "Session",
+           "Target", "TargetSpec", "load_batch", "load_target", "resolve_factory"]

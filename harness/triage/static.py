@@ -13,7 +13,7 @@ from harness.device import SimDevice
 from harness.errors import ExitCode
 from harness.sglang_target.classes import sglang_classes
 from harness.strategies import with_dims
-from harness.targets import load_target
+from harness.targets import TargetSpec
 from reports.schema import TRIAGE
 from reports.writers import write_report
 
@@ -30,18 +30,19 @@ def triage_classes(session) -> list[type]:
     return list(dict.fromkeys(explicit + module_classes(sys.modules[k.__module__] for k in explicit)))
 
 
-def static_triage(args) -> int:
-    """`triage --static-only`: the source check alone (no object built, no campaign). With --target sglang the
-    modules are imported by name, so it also runs on versions the target cannot drive."""
+def static_triage(args, target_spec: TargetSpec) -> int:
+    """`triage --static-only`: the source check alone (no object built, no campaign) of the target `target_spec`
+    names. With --target sglang the modules are imported by name, so it also runs on versions the target cannot
+    drive."""
     missing: list[str] = []
-    if args.target == "sglang":
+    if target_spec.spec == "sglang":
         classes, missing = sglang_classes()
         name = f"sglang-{version('sglang')}"
     else:
-        target = load_target(args.target, mutant=args.mutant, names=("--target", "--mutant"))
+        target = target_spec.load()
         case = with_dims(Case(batches=(Batch(requests=(Request(3, 5),)),)), tuple(getattr(target, "fixed_dims", {}).items()))
         classes = triage_classes(target.open(case, SimDevice()))
-        name = getattr(target, "name", args.target)
+        name = getattr(target, "name", target_spec.spec)
     section = static_section(check_classes(classes))
     path = Path(args.report_dir) / TRIAGE
     write_report(path, {"target": name, "static_only": True, "static_missing_modules": missing, **section})
