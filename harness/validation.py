@@ -49,6 +49,28 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse `type=` for a time limit: a finite number of seconds > 0."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text}: a time limit must be more than 0 seconds")
+    return value
+
+
+def names_from(*allowed: str) -> Callable[[str], frozenset[str]]:
+    """An argparse `type=` for a comma-separated set of words from `allowed` (empty: none); the error names the
+    unknown ones and lists the allowed."""
+    def convert(text: str) -> frozenset[str]:
+        names = frozenset(n.strip() for n in text.split(",") if n.strip())
+        unknown = sorted(names - set(allowed))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        return names
+
+    convert.__name__ = " | ".join(allowed)
+    return convert
+
+
 def count_or_auto(what: str) -> Callable[[str], Optional[int]]:
     """An argparse `type=` for a count >= 1 of `what`, or auto (None: the command decides)."""
     allowed = f"a number of {what} >= 1, or auto"

@@ -178,3 +178,14 @@ def test_without_is_checked_before_work_and_recorded_in_the_summary(tmp_path, ca
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["without"] == ["cp_active", "lmcache"]
     assert main(["report", str(tmp_path / "r")]) == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["sanitize", "--timeout", "0"], "argument --timeout: 0: a time limit must be more than 0 seconds"),
+    (["nightly", "--skip", "pytest,fuzz"], "argument --skip: unknown fuzz; allowed: pytest, campaign, mutants, sanitize"),
+    (["nightly", "--workers", "0"], "argument --workers: '0' is not a number of workers >= 1, or auto"),
+])
+def test_a_commands_bad_limits_are_usage_errors_from_its_parser(argv, needle, capsys):
+    """Checked where the option is parsed (exit 2, the option named), not again inside the feature's code."""
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err

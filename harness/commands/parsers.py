@@ -15,7 +15,8 @@ from harness.case import SEMANTICS, Flags
 from harness.errors import ExitCode
 from harness.choices import AUTO_JOBS_MAX, NIGHTLY_STEPS, PROFILES, SANITIZER_TARGETS, SANITIZER_TOOLS
 from harness.progress import PROGRESS_EVERY_S
-from harness.validation import MAX_EXAMPLES, count_or_auto, integer, one_of, seconds, target_spec, timeout_or_off
+from harness.validation import (MAX_EXAMPLES, count_or_auto, integer, names_from, one_of, positive_seconds, seconds,
+                                target_spec, timeout_or_off)
 from reports.writers import report_folder
 
 
@@ -181,7 +182,7 @@ def add_sanitize(sub) -> None:
     p.add_argument("--target", type=one_of(*SANITIZER_TARGETS), default="reference",
                    help=f"whose kernels: {' | '.join(SANITIZER_TARGETS)}")
     p.add_argument("--report-dir", type=report_folder, default="harness-report", help="the report folder")
-    p.add_argument("--timeout", type=seconds, default=300.0, help="wall-clock seconds per sanitized run")
+    p.add_argument("--timeout", type=positive_seconds, default=300.0, help="wall-clock seconds per sanitized run")
     p.add_argument("--jobs", type=integer(1), default=1,
                    help="cases run at once per tool (tools always run one at a time); >1 inflates timings")
 
@@ -210,13 +211,13 @@ def add_nightly(sub) -> None:
     parser.add_argument("--target", type=target_spec, default="reference",
                         help="what the cases and the campaign judge: reference | sglang | MODULE:FACTORY "
                              "([tool.dsv4-harness] target sets it)")
-    parser.add_argument("--workers", default="auto",
+    parser.add_argument("--workers", type=count_or_auto("workers"), default="auto", metavar="N|auto",
                         help="the campaign's workers (auto: one per GPU) and the pytest step's xdist workers (auto: "
                              "one per core, sharing the GPUs)")
     parser.add_argument("--self-tests", action="store_true",
                         help="the pytest step runs the harness's own tests (tests/) beside the cases (cases/)")
     parser.add_argument("--semantics", type=one_of(*SEMANTICS), default="0.5.23", help="pr | 0.5.23")
-    parser.add_argument("--skip", default=None, help=f"comma-separated steps to leave out: {', '.join(NIGHTLY_STEPS)} "
+    parser.add_argument("--skip", type=names_from(*NIGHTLY_STEPS), default="", help=f"comma-separated steps to leave out: {', '.join(NIGHTLY_STEPS)} "
                                                      "(none given: none)")
     parser.add_argument("--shard", default="1/1", help="K/N: this host's part of the suite, the campaign's case "
                                                        "stream and the mutants (the sanitizer runs in part 1); "

@@ -29,8 +29,6 @@ from reports.writers import write_report
 
 
 def _select(args):
-    if not args.timeout > 0:
-        raise InvalidArgument(f"--timeout={args.timeout}: must be > 0 seconds")
     tools = list(TOOLS) if args.tool == "all" else [args.tool]
     if not args.cases:  # the target's cases that run under the tools asked for
         return tools, [case for case in cases_of(args.target) if set(case.tools) & set(tools)]
