@@ -375,6 +375,27 @@ def test_compress_plan_standin_pads_an_underfilled_graph_bucket(api):
         jit_kernels.plan_compress_prefill(torch.tensor([0]), r2t, f2s, seq, ext, pin, 16, 4, 256, 8, False, False)
 
 
+def test_decode_plan_standin_follows_c_plan(api):
+    """c_plan.cuh's `plan_compress_decode_kernel`, from its body: per request, the last position's ring slot, the
+    ring page of the position `ratio` before it (at least 0) and of the last one; c4 through the paged ring
+    (`req_to_token`, `full_to_state`), c128 and a request ring by `rid * ring + position % ring`."""
+    r2t = torch.arange(2 * 600, dtype=torch.int32).view(2, 600) + 256
+    f2s = torch.arange(2000, dtype=torch.int64) * 3 % 1999
+    rids, seq = torch.tensor([1, 0]), torch.tensor([300, 3])
+
+    def ring(rid: int, p: int) -> int:  # the paged ring of 8 per SWA page of 256
+        swa = int(f2s[int(r2t[rid, p])])
+        return swa // 256 * 8 + swa % 8
+
+    paged = jit_kernels.plan_compress_decode(rids, r2t, f2s, seq, 4, 256, 8, False).view(torch.int32).tolist()
+    assert paged == [[300, ring(1, 299), ring(1, 295) // 4, ring(1, 299) // 4],
+                     [3, ring(0, 2), ring(0, 0) // 4, ring(0, 2) // 4]]
+    c128 = jit_kernels.plan_compress_decode(rids, r2t, f2s, seq, 128, 256, 128, False).view(torch.int32).tolist()
+    assert c128 == [[300, 128 + 299 % 128, (128 + 171 % 128) // 128, (128 + 299 % 128) // 128], [3, 2, 0, 0]]
+    with pytest.raises(ValueError, match="use_req_ring"):
+        jit_kernels.plan_compress_decode(rids, r2t, f2s, seq, 128, 256, 128, True)
+
+
 # -- the real backend ----------------------------------------------------------------------------------------
 
 # prefixes > 0; extends that straddle a 256 page and the 128 window; three requests

@@ -243,6 +243,38 @@ def test_an_eager_extend_batch_runs_sglangs_own_backend(target, harness_device, 
     assert calls["_forward_prefill_sparse"] == (runs * layers if name == "extend-sparse" else 0)
 
 
+DECODE_AFTER_EXTEND = Case(dims=DIMS, batches=(
+    Batch(requests=(Request(9, 6), Request(2, 3))),
+    Batch(mode=ForwardMode.DECODE, requests=(Request(15, 1), Request(5, 1)), mutations=(Mutation("req_to_token_rewrite"),))))
+
+
+def test_an_eager_decode_batch_runs_sglangs_own_decode_init_and_forward(target, harness_device, monkeypatch):
+    """A DECODE batch (eager: the decode graph runner is not this path's) goes through the backend's own decode
+    metadata (`init_forward_metadata_decode`, the raw metadata made whole) and its per-layer forward; its first
+    request's token completes a c4 block (16 tokens), which the compressor stores by SGLang's decode plan."""
+    calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_decode",
+                                                            "make_forward_metadata_from_raw_decode", "forward"))
+    result = run_case(target, DECODE_AFTER_EXTEND, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    layers, runs = len(DIMS.layer_ratios), 3
+    assert calls["init_forward_metadata_decode"] == calls["make_forward_metadata_from_raw_decode"] == runs
+    assert calls["forward"] == 2 * runs * layers  # the EXTEND batch's layers and the DECODE batch's
+
+
+def test_a_decode_plan_one_token_short_is_found(target, harness_device, monkeypatch):
+    """SGLang's decode metadata planned for one token fewer than the batch holds (each request's own new token left
+    out of its attention): the real decode forward reads the shorter plan, and the float64 oracle sees it."""
+    backend_cls = target.api.backend_cls
+    planned = backend_cls.init_forward_metadata_decode
+
+    def short(self, max_seq_len, req_pool_indices, seq_lens, out_cache_loc):
+        return planned(self, max_seq_len, req_pool_indices, seq_lens - 1, out_cache_loc)
+
+    monkeypatch.setattr(backend_cls, "init_forward_metadata_decode", short)
+    result = run_case(target, DECODE_AFTER_EXTEND, harness_device, target_spec=SGLANG)
+    assert "float64" in {f.oracle for f in result.findings}, [f.message for f in result.findings]
+
+
 def test_a_read_the_real_forward_was_not_meant_to_make_is_an_undeclared_access(target, harness_device, monkeypatch):
     """SGLang's forward broken in its own code: every layer's store translates its write locations through the live
     Full-to-SWA mapping. No declaration names that read; the observer sees it, names SGLang's line, and the tracker

@@ -24,7 +24,10 @@ Ops replaced, each with its source of truth (the `.cuh` ships in the wheel under
   then `plan_compress_prefill_kernel_1`, which translates the request-local positions to state-ring slots
   through `req_to_token` and `full_to_state` (c4, paged ring) or `req_pool_index * ring + position % ring`
   (c128, or a request ring). Padding to `num_q_tokens` with invalid plans only under `use_cuda_graph`.
-  The decode, legacy and GPU-input planners are not stood in (NotImplementedError).
+- `...compress._jit_compress_plan_module().plan_decode`: `plan_compress_decode` of `c_plan.cuh`
+  (`plan_compress_decode_kernel`), reached by an eager DECODE batch's metadata: one DecodePlan (16 bytes) per
+  request, its last position's state-ring slot and the ring pages of that position and of the one a ratio before.
+  The legacy and GPU-input planners are not stood in (NotImplementedError).
 
 Not a kernel: `CompressorPrefillPlan.generate` allocates its host scratch with `pin_memory=True`, which needs a
 CUDA driver. `install()` gives that module a `torch` whose `empty` drops `pin_memory` when no CUDA device is
@@ -49,6 +52,9 @@ OPS = (
     ("sglang.kernels.ops.attention.dsv4.compress._jit_compress_plan_module: plan_prefill",
      _CSRC + "c_plan.cuh (plan_compress_prefill, CPU-input path; plan_compress_prefill_kernel_1); "
      "sgl_kernel/deepseek_v4/compress_v2.cuh (CompressPlan, WritePlan)"),
+    ("sglang.kernels.ops.attention.dsv4.compress._jit_compress_plan_module: plan_decode",
+     _CSRC + "c_plan.cuh (plan_compress_decode, plan_compress_decode_kernel); "
+     "sgl_kernel/deepseek_v4/compress_v2.cuh (DecodePlan)"),
 )
 
 # -- the V4 FP8 store -------------------------------------------------------------------------------------
@@ -255,10 +261,41 @@ def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_len
     return _plan_c_rows(final_c).to(device), _plan_w_rows(final_w).to(device)
 
 
+def _plan_d_rows(rows: list[tuple[int, int, int, int]]) -> torch.Tensor:
+    """DecodePlan {u32 seq_len, i32 write_loc, i32 read_page_0, i32 read_page_1}: 16 bytes."""
+    return _as_u32_bytes(rows, 4)
+
+
+def plan_compress_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, compress_ratio: int,
+                         swa_page_size: int, ring_size: int, use_req_ring: bool) -> torch.Tensor:
+    """`plan_compress_decode` (c_plan.cuh, `plan_compress_decode_kernel`): one DecodePlan per request, [batch, 16]
+    uint8 on `req_to_token`'s device. The request's last position (`seq_len - 1`) is written to its state-ring slot
+    and the compressor reads the ring pages of that position and of the one `compress_ratio` before it (at least 0):
+    through `req_to_token` and `full_to_state` (c4 on a paged ring), or `rid * ring + position % ring` (c128, or a
+    request ring)."""
+    if compress_ratio not in (4, 128) or (use_req_ring and compress_ratio != 4):
+        raise ValueError(f"plan_compress_decode stand-in: compress_ratio {compress_ratio}, use_req_ring {use_req_ring}")
+    rows = []
+    for rid, seq_len in zip(req_pool_indices.tolist(), seq_lens.tolist()):
+        position_1 = int(seq_len) - 1
+        position_0 = max(position_1 - compress_ratio, 0)
+        if compress_ratio == 128 or use_req_ring:
+            write_loc = rid * ring_size + position_1 % ring_size
+            page_0 = (rid * ring_size + position_0 % ring_size) // compress_ratio
+        else:
+            def state_loc(position: int) -> int:
+                swa_loc = int(full_to_state[int(req_to_token[rid, position])])
+                return swa_loc // swa_page_size * ring_size + swa_loc % ring_size
+            write_loc, page_0 = state_loc(position_1), state_loc(position_0) // compress_ratio
+        rows.append((int(seq_len), write_loc, page_0, write_loc // compress_ratio))
+    return _plan_d_rows(rows).to(req_to_token.device)
+
+
 class _CompressPlanModule:
-    """What `_jit_compress_plan_module()` returns: `plan_prefill` stood in, the rest refused."""
+    """What `_jit_compress_plan_module()` returns: `plan_prefill` and `plan_decode` stood in, the rest refused."""
 
     plan_prefill = staticmethod(plan_compress_prefill)
+    plan_decode = staticmethod(plan_compress_decode)
 
     @staticmethod
     def _not_stood_in(name):
@@ -266,7 +303,6 @@ class _CompressPlanModule:
             raise NotImplementedError(f"compress plan stand-in: {name} is not stood in (not on the eager prefill path)")
         return refuse
 
-    plan_decode = _not_stood_in.__func__("plan_decode")
     plan_prefill_legacy = _not_stood_in.__func__("plan_prefill_legacy")
     plan_decode_legacy = _not_stood_in.__func__("plan_decode_legacy")
 

@@ -229,11 +229,16 @@ class RealDsv4:
 
     def compressor_writes(self, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where this batch's compressor writes for `ratio`, as SGLang's compressor takes it (its HIP path,
-        `_forward_unified_hip` step 4): the token rows of the prefill plan's CompressPlans (`ragged_id`) and
-        the metadata's `c{ratio}_out_loc` at those rows. Returns (rows, loc)."""
+        `_forward_unified_hip` step 4): the token rows of the prefill plan's CompressPlans (`ragged_id`), or of a
+        decode plan the rows whose token completes a block (SGLang stores every decode row, the others zeroed at
+        their out_loc 0, the dummy slot), and the metadata's `c{ratio}_out_loc` at those rows. Returns (rows, loc)."""
         backend = self.backend
         plan = backend._get_paged_compress_metadata(ratio)
-        rows = (plan[1].view(torch.int32)[:, 1] & 0xFFFF).long()
+        fields = plan[1].view(torch.int32)
+        if plan.is_decode:  # a DecodePlan per request: its token completes a block where seq_len % ratio == 0
+            rows = torch.nonzero(fields[:, 0] % ratio == 0).view(-1)
+        else:
+            rows = (fields[:, 1] & 0xFFFF).long()
         return rows, backend._get_out_loc(ratio)[rows]
 
     def c4_top_k(self, metadata, scores: torch.Tensor) -> None:
@@ -245,7 +250,8 @@ class RealDsv4:
         rows = scores.shape[0]
         indexer.topk_transform_pytorch_vectorized(
             scores, index.compressed_seq_lens[:rows], index.page_table[:rows], core.c4_sparse_page_indices[:rows],
-            index.compressed_page_size, core.c4_sparse_raw_indices[:rows])
+            index.compressed_page_size,
+            None if core.c4_sparse_raw_indices is None else core.c4_sparse_raw_indices[:rows])  # decode keeps none
 
     # -- readers for the oracles ---------------------------------------------------------------------
 

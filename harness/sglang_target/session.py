@@ -2,8 +2,8 @@
 
 Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
-- on 0.5.23, an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND) with neither CP
-  nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's
+- on 0.5.23, an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND) or DECODE batch
+  with neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's
   own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer
   its `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
   `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in where its wheel does not load).
@@ -11,9 +11,9 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
   `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
-- every other batch (decode, verify and draft-extend batches, CP and HiSparse cases, every batch of a PR-era
-  release, tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the
-  same backend object, as listed under "Replaced" below.
+- every other batch (verify and draft-extend batches, CP and HiSparse cases, every batch of a PR-era release,
+  tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the same
+  backend object, as listed under "Replaced" below.
 
 From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
 DSV4's breakable graph replays its captured metadata): the target says so (`Target.graph_contracts`), so a
@@ -710,7 +710,13 @@ class SglangModelRunner:
 
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
-        too, which SGLang's eager runner runs as EXTEND) of a case that may (`real_case`)."""
+        too, which SGLang's eager runner runs as EXTEND) or a DECODE batch (its own decode metadata: the raw
+        metadata made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in) of a case
+        that may (`real_case`). A DECODE batch only with one new token a request, as SGLang's decode plans it (its
+        decode metadata init asserts one write location a request): the harness also draws decode batches of
+        several tokens a request, which no SGLang decode batch has, and runs those on its own layers."""
+        if fb.forward_mode is HForwardMode.DECODE:
+            return self.real_case and all(n == 1 for n in fb.extend_seq_lens_cpu)
         return self.real_case and fb.forward_mode in (HForwardMode.EXTEND, HForwardMode.MIXED)
 
     def replays_real(self, fb: ForwardBatch) -> bool:
