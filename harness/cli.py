@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
@@ -55,6 +57,10 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """The command's exit code (`ExitCode`), argparse's own included: 0 after --help or --version, 2 for a
     usage error it found."""
+    if threading.current_thread() is threading.main_thread():
+        # SIGINT stops every command, also one started ignoring it (a shell starts a script's background job so):
+        # Python installs its KeyboardInterrupt handler only where SIGINT was not ignored, and `run` installs its own.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
             args = build_parser(project_defaults(find_pyproject())).parse_args(argv)
