@@ -205,8 +205,11 @@ def test_sigint_during_a_replay_exits_4_without_a_traceback(tmp_path, inherited)
                              "test_interrupts:hanging_target", "--case", '{"batches": [{}]}'],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=_ignoring_sigint if inherited == "ignored" else None)
-    wait_for(proc, "hanging-target: the case is in flight")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        wait_for(proc, "hanging-target: the case is in flight")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a replay that did not stop must not sleep on for its hour after the test
     assert proc.returncode == ExitCode.INTERRUPTED, out + err
     assert "interrupted by SIGINT before the command finished" in err and "Traceback" not in err
