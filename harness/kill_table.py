@@ -106,7 +106,7 @@ def _kill_table_isolated(names, *, examples: int, semantics: str, progress, with
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable, "-m", "harness", "run", "--device", "cuda", "--examples", str(examples),
                    "--jobs", str(CUDA_JOBS_PER_CAMPAIGN),
-                   "--semantics", semantics, "--report-dir", tmp] + (["--mutant", mutant] if mutant else []) + (
+                   "--semantics", semantics, "--report-dir", tmp, *TargetSpec(mutant=mutant).arguments()] + (
                 [] if seeds else ["--no-seeds"]) + ([] if seed is None else ["--seed", str(seed)])
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CUDA_CAMPAIGN_TIMEOUT_S)

@@ -18,6 +18,7 @@ from typing import Optional
 
 from harness.errors import EnvironmentBroken
 
+
 def cuda_context_error() -> Optional[str]:
     """The first line of the sticky error of this process's CUDA context (a device-side assert or an illegal
     address poisons every later CUDA call), or None when it is sound or CUDA never started here. Read through

@@ -190,6 +190,20 @@ def _check_plan_inputs(req_pool_indices, req_to_token, full_to_state, seq_lens, 
         raise ValueError("plan_compress_prefill stand-in: pin_buffer too small")
 
 
+def _state_ring(req_to_token, full_to_state, compress_ratio: int, swa_page_size: int, ring_size: int,
+                use_req_ring: bool):
+    """c_plan.cuh's state-ring slot of a request row's position, as both planners translate it: `rid * ring +
+    position % ring` for c128 or a request ring (`compute_req_ring_loc`), else the position's SWA slot through
+    `req_to_token` and `full_to_state`, paged into the ring (`compute_loc`). Returns `slot(rid, position)`."""
+    def slot(rid: int, position: int) -> int:
+        if compress_ratio == 128 or use_req_ring:
+            return rid * ring_size + position % ring_size
+        swa_loc = int(full_to_state[int(req_to_token[rid, position])])
+        return swa_loc // swa_page_size * ring_size + swa_loc % ring_size
+
+    return slot
+
+
 def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_lens, extend_lens, pin_buffer,
                           num_q_tokens: int, compress_ratio: int, swa_page_size: int, ring_size: int,
                           use_req_ring: bool, use_cuda_graph: bool):
@@ -232,17 +246,7 @@ def plan_compress_prefill(req_pool_indices, req_to_token, full_to_state, seq_len
         raise ValueError(f"plan_compress_prefill stand-in: the extends cover {counter} tokens, num_q_tokens is {num_q_tokens}")
 
     # plan_compress_prefill_kernel_1: the state-ring translation.
-    def compute_loc(swa_loc: int) -> int:
-        return swa_loc // swa_page_size * ring_size + swa_loc % ring_size
-
-    def req_ring_loc(rid: int, position: int) -> int:
-        return rid * ring_size + position % ring_size
-
-    def state_loc(rid: int, position: int) -> int:
-        if compress_ratio == 128 or use_req_ring:
-            return req_ring_loc(rid, position)
-        return compute_loc(int(full_to_state[int(req_to_token[rid, position])]))
-
+    state_loc = _state_ring(req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size, use_req_ring)
     final_c = []
     for seq_len, ragged, buffer_len, page0, batch_id in plan_c:
         if buffer_len > 0:
@@ -275,18 +279,12 @@ def plan_compress_decode(req_pool_indices, req_to_token, full_to_state, seq_lens
     request ring)."""
     if compress_ratio not in (4, 128) or (use_req_ring and compress_ratio != 4):
         raise ValueError(f"plan_compress_decode stand-in: compress_ratio {compress_ratio}, use_req_ring {use_req_ring}")
+    state_loc = _state_ring(req_to_token, full_to_state, compress_ratio, swa_page_size, ring_size, use_req_ring)
     rows = []
     for rid, seq_len in zip(req_pool_indices.tolist(), seq_lens.tolist()):
         position_1 = int(seq_len) - 1
-        position_0 = max(position_1 - compress_ratio, 0)
-        if compress_ratio == 128 or use_req_ring:
-            write_loc = rid * ring_size + position_1 % ring_size
-            page_0 = (rid * ring_size + position_0 % ring_size) // compress_ratio
-        else:
-            def state_loc(position: int) -> int:
-                swa_loc = int(full_to_state[int(req_to_token[rid, position])])
-                return swa_loc // swa_page_size * ring_size + swa_loc % ring_size
-            write_loc, page_0 = state_loc(position_1), state_loc(position_0) // compress_ratio
+        write_loc = state_loc(rid, position_1)
+        page_0 = state_loc(rid, max(position_1 - compress_ratio, 0)) // compress_ratio
         rows.append((int(seq_len), write_loc, page_0, write_loc // compress_ratio))
     return _plan_d_rows(rows).to(req_to_token.device)
 
