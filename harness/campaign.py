@@ -1,7 +1,7 @@
 """The fuzz campaign: hypothesis draws cases, every case is judged, a failure shrinks and replays.
 
-Profiles (`settings.register_profile`): ``dev`` (small, local database), ``ci`` (derandomized, no
-deadline, 200 examples), ``nightly`` (large and random). The example database lives in the report
+Profiles (`harness.choices.PROFILES`): ``dev`` (small, local database), ``ci`` (derandomized: one fixed
+stream, `FIXED_STREAM_SEED`, no database, 200 examples), ``nightly`` (large and random). The example database lives in the report
 folder, so a nightly failure replays from it; shared databases (`harness.example_db`) make it replay
 on other hosts too.
 
@@ -42,13 +42,17 @@ from harness.coverage import VALUES, Coverage
 from harness.covering import FIRST_CASES, CoverageFirst, covering_cases, unreachable
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
-from harness.example_db import database_scope, open_database
+from harness.device.kind import DeviceKind
+from harness.example_db import ScopedDatabase, database_scope, open_database
 from harness.isolation import IsolatedPool, IsolatedRunner
 from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
 from harness.targets import REFERENCE, TargetSpec
 from harness.validation import check_one_of, check_positive
+
+
+FIXED_STREAM_SEED = 0  # the `ci` profile's stream (BENCHMARKS.md's kill tables and figures are measured on it)
 
 
 def keeps_database(profile: str, seed: Optional[int]) -> bool:
@@ -198,7 +202,7 @@ class CampaignConfig:
     the count, the first detection and the shrunk case are those of one case at a time."""
 
     target_spec: TargetSpec = REFERENCE
-    device: str = "cpu"
+    device: DeviceKind = DeviceKind.CPU
     semantics: str = "0.5.23"
     examples: Optional[int] = None
     seed: Optional[int] = None
@@ -220,6 +224,8 @@ class CampaignConfig:
         object.__setattr__(self, "shared_databases", tuple(self.shared_databases))  # frozen: no list shared
         object.__setattr__(self, "without", frozenset(self.without))
         check_one_of(self.profile, PROFILES, "profile")
+        check_one_of(self.device, [kind.value for kind in DeviceKind], "device")
+        object.__setattr__(self, "device", DeviceKind(self.device))
         if self.examples is not None:
             check_positive(self.examples, "examples")
         check_positive(self.keep_going, "keep_going")
@@ -238,6 +244,15 @@ class CampaignConfig:
     def derandomized(self) -> bool:
         """Whether hypothesis draws the profile's fixed stream, and keeps no example database."""
         return not keeps_database(self.profile, self.seed)
+
+    @property
+    def stream_seed(self) -> Optional[int]:
+        """The seed of the case stream: the one given; a derandomized profile's fixed one (every campaign of the
+        profile draws the same stream whatever its target, mutant or device, so a kill table judges each mutant
+        on the clean campaign's cases, and no edit of the harness's code moves it); or None, a random stream."""
+        if self.seed is not None:
+            return self.seed
+        return FIXED_STREAM_SEED if self.derandomized else None
 
     @property
     def max_examples(self) -> int:
@@ -452,29 +467,25 @@ class Campaign:
 
     def hypothesis_test(self, phases, strategy, body, *, examples: int, part: str = "", explicit: Sequence = (),
                         shrinks: bool = True):
-        """`body(case, schedule)` on the cases of `strategy`; `part` keeps the coverage-first phase's failures
-        apart from the drawn ones' in the example database (and its stream apart under a derandomized profile)."""
+        """`body(case, schedule)` on the cases of `strategy`, drawn from the config's stream seed; `part` keeps the
+        coverage-first phase's failures apart from the drawn ones' in the example database."""
         config = self.config
         hypothesis_shrinks = shrinks and config.shrink and config.keep_going == 1  # keep_going's: shrunk afterwards
-        # Hypothesis seeds a derandomized stream from the inner test's source text, comments aside
-        # (`function_digest`; a nested function keeps its decorators in it), so the lines below are kept as they
-        # were when the kill tables and BENCHMARKS figures were measured: editing them moves every `ci` stream
-        # (tests/test_fuzzing.py pins it). These names serve those lines.
-        db, device, base = self.db, config.device, {"derandomize": config.derandomized}
-
-        @settings(deadline=None, database=db, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
-                  print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  **{**base, "max_examples": examples})
-        @given(case=strategy, schedule=schedules() if device == "cpu" else _adversarial())
-        def test(case, schedule):
-            body(case, schedule)  # the same code in every pass: one derandomized stream
-
-        test.hypothesis.inner_test._hypothesis_internal_add_digest = database_scope(
+        database = None if self.db is None else ScopedDatabase(self.db, database_scope(
             target_spec=config.target_spec.spec, mutant=config.target_spec.mutant, semantics=config.semantics,
-            device=config.device) + part.encode()
+            device=config.device) + part.encode())
+        schedule = _adversarial() if config.device.real_concurrency else schedules()
+
+        @settings(deadline=None, database=database, phases=phases + ([Phase.shrink] if hypothesis_shrinks else []),
+                  print_blob=False, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                  max_examples=examples)
+        @given(case=strategy, schedule=schedule)
+        def test(case, schedule):
+            body(case, schedule)
+
         for case in reversed(explicit):
             test = example(case=case, schedule="adversarial")(test)
-        return _seeded(test, config.seed) if config.seed is not None else test
+        return _seeded(test, config.stream_seed) if config.stream_seed is not None else test
 
     def run_stream(self, phases, *, handle=None, shrinks: bool = True) -> None:
         """The case stream, from its start: the seed cases (`Phase.explicit`), the coverage-first cases, the drawn

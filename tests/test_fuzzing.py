@@ -222,21 +222,34 @@ def test_a_campaign_runs_every_case_at_its_target_s_fixed_sizes():
     assert {(d.head_dim, d.index_topk, d.kv_format, d.page_size) for d in target.opened} == {(512, 512, "fp8_v4", 256)}
 
 
-# The first cases of `harness run --examples 40 --no-seeds` on the reference (the `ci` profile: derandomized), as
-# measured for the kill tables and BENCHMARKS.md: three of the coverage-first phase, three drawn after it.
-PINNED_CI_STREAM = {1: "705930fed93e2973", 2: "8811c76b8194981d", 3: "d254151c0cb425e5",
-                    33: "bac5f2bbe31564aa", 34: "b81e705d6f186820", 35: "7d985454737fccfd"}
+# The first cases of `harness run --examples 40 --no-seeds` on the reference (the `ci` profile: its fixed stream seed),
+# as measured for the kill tables and BENCHMARKS.md: three of the coverage-first phase, three drawn after it.
+PINNED_CI_STREAM = {1: "705930fed93e2973", 2: "89456f9d1b769a37", 3: "e70c81538ef6d40d",
+                    33: "014a889a7d0b7691", 34: "9ffc12c13e85e533", 35: "c2f96284996d67b0"}
 
 
 def test_the_derandomized_stream_is_the_measured_one():
-    """Hypothesis seeds a derandomized stream from the text of the campaign's inner test (its decorator and body
-    lines, `Campaign.hypothesis_test`): a refactor that rewrites them moves every `ci` stream, and every kill table
-    and figure measured on it, without failing anything else. This pins the stream's first cases of each phase."""
+    """The `ci` stream is drawn from `FIXED_STREAM_SEED`: a change of the strategies (or of hypothesis) that moves it
+    moves every kill table and figure measured on it without failing anything else. This pins its first cases of
+    each phase."""
     log = run_campaign(ReferenceTarget(), examples=40, seeds=False).summary()["cases_log"]
     drawn = {entry["i"]: entry["case"] for entry in log if entry["i"] in PINNED_CI_STREAM}
-    assert drawn == PINNED_CI_STREAM, ("the derandomized `ci` stream moved: were the lines of the campaign's inner "
-                                       "hypothesis test edited? (kill tables and BENCHMARKS figures were measured "
-                                       "on the pinned stream)")
+    assert drawn == PINNED_CI_STREAM, ("the derandomized `ci` stream moved: did the strategies change? (kill tables "
+                                       "and BENCHMARKS figures were measured on the pinned stream)")
+
+
+def test_a_mutants_campaign_draws_the_clean_campaigns_stream():
+    """The kill table judges every mutant on the clean campaign's cases: the stream depends on the seed alone, not
+    on the target or mutant (which only scope the example database), so the cases before the first detection are
+    the clean campaign's, one for one."""
+    mutant = "threshold_off_by_one"
+    found = run_campaign(TargetSpec(mutant=mutant).load(), target_spec=TargetSpec(mutant=mutant), examples=40,
+                         seeds=False, shrink=False).summary()
+    assert found["findings"], f"{mutant} was not found in 40 cases: pick a row this stream finds after a few cases"
+    before = found["first_detection"]["examples"] - 1
+    assert before >= 2, f"{mutant} was found at case {before + 1}: pick a row found later, or the test shows nothing"
+    clean = run_campaign(ReferenceTarget(), examples=40, seeds=False).summary()["cases_log"]
+    assert [e["case"] for e in found["cases_log"][:before]] == [e["case"] for e in clean[:before]]
 
 
 def test_the_cuda_kill_table_runs_its_campaigns_at_once_and_keeps_the_tables_order(monkeypatch):
