@@ -3,7 +3,8 @@
 A shape is one value per dimension: forward mode, speculative algorithm, eager / first graph replay
 / reused bucket, the mode as the runner that ran it (eager or graph replay), the graph contract of a
 replay, the expected publish decision, the gate that closes it, a mutation kind, sparse or dense,
-and where the token count sits against a graph bucket or the sparse threshold. The full product has
+where the token count sits against a graph bucket or the sparse threshold, and whether a replay follows a sparse
+replay of its bucket (the chunk cache its captured metadata may keep). The full product has
 millions of shapes, most of which no batch can have (an IDLE batch has no tokens to be sparse), so
 the table is factored: one count per value of each dimension, plus the number of distinct
 combinations reached. A value with count 0 is listed as never reached, or, where the campaign cannot
@@ -42,6 +43,20 @@ def runner(mode: ForwardMode, graph: bool) -> str:
     return f"{mode.name} {'graph' if graph else 'eager'}"
 
 
+# What a replay's captured metadata may still hold from its bucket's last replay, where that one was sparse (it built
+# the chunk cache): replayed just before, or with another bucket replayed between; under each graph contract, as
+# the captured metadata is made current by another method under each (copy_, refresh_for_breakable_cuda_graph_replay_).
+# A replay that does not reset what the captured metadata kept reads that earlier batch's cache.
+CARRY_ORDERS = ("after its bucket's sparse replay", "after another bucket's replay")
+
+
+def carry(contract: str, order: str) -> str:
+    return f"{contract}: {order}"
+
+
+CARRIES = tuple(carry(contract, order) for contract in GRAPH_CONTRACTS for order in CARRY_ORDERS)
+
+
 DIMENSIONS = {
     "mode": tuple(m.name for m in ForwardMode),
     "spec": tuple(s.name for s in SpeculativeAlgorithm),
@@ -54,6 +69,7 @@ DIMENSIONS = {
     "attention": ("sparse", "dense"),
     "edge": EDGES,
     "tokens": TOKEN_DECADES,
+    "carry": CARRIES,
 }
 _BUCKETS = frozenset(generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS))
 
@@ -108,7 +124,7 @@ def decade(num_tokens: int) -> str:
 
 def batch_shapes(case: Case) -> list[dict[str, str]]:
     """One shape per (batch, mutation kind) of the case; a batch without mutations has none."""
-    shapes, replayed = [], set()
+    shapes, replayed, sparse_replay, last_bucket = [], set(), {}, None
     for batch in case.batches:
         graph = runs_graph(batch)
         bucket = graph_bucket(batch.num_tokens) if graph else None
@@ -118,11 +134,16 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
         rows = bucket if graph else batch.num_tokens
         sparse = batch.mode is ForwardMode.EXTEND and (
             rows > LARGE_INDEXER_QUERY_THRESHOLD or case.flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
+        carried = ""
+        if graph:
+            if sparse_replay.get(bucket):
+                carried = carry(case.graph_contract, CARRY_ORDERS[bucket != last_bucket])
+            sparse_replay[bucket], last_bucket = sparse, bucket
         common = {"mode": batch.mode.name, "spec": case.spec.name, "graph": phase,
                   "runner": runner(batch.mode, graph), "contract": case.graph_contract if graph else "",
                   "publish": "publish" if expected_publish(case, batch)[0] else "no publish", "gate": gate(case),
                   "attention": "sparse" if sparse else "dense", "edge": edge(batch.num_tokens),
-                  "tokens": decade(batch.num_tokens) if batch.requests else ""}
+                  "tokens": decade(batch.num_tokens) if batch.requests else "", "carry": carried}
         for kind in dict.fromkeys(m.kind for m in batch.mutations) or ("",):
             shapes.append({**common, "mutation": kind})
     return shapes

@@ -28,15 +28,17 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
-from harness.coverage import BUCKET_EDGES, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, edge, runner
+from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry, edge,
+                             runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
+from harness.policy import graph_bucket
 from harness.semantics import Semantics
 from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
                                 flags, for_target, large_dims, publishes, skewed_requests, small_dims)
 
-FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 61 values; a case reaches ten or so)
+FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 65 values; a case reaches ten or so)
 # The gates of the table and the switch that closes each (READ_DONE off and open need none).
 GATE_SWITCHES = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse",
                  **{name: name for name in KV_OFFLOAD}}
@@ -49,7 +51,8 @@ _REUSING_MODES = [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VER
 class Aim:
     """What a covering case pins; hypothesis draws the rest. `closed`: the one condition of the publish decision
     the case closes (a gate of the table, "spec", "bcg", or "open" for none); `spec`: None draws one that agrees
-    with `closed`; `graph`: None draws eager or replayed; `reuse`: a second replay of the first batch's bucket;
+    with `closed`; `graph`: None draws eager or replayed; `reuse`: a second replay of the first batch's bucket,
+    `between`: with a replay of another bucket before it, `reuse_mode`: that replay's mode (None: drawn);
     `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
     drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
 
@@ -58,6 +61,8 @@ class Aim:
     mode: ForwardMode = ForwardMode.EXTEND
     graph: Optional[bool] = False
     reuse: bool = False
+    between: bool = False
+    reuse_mode: Optional[ForwardMode] = None
     tokens: Optional[SearchStrategy] = None
     dims: Optional[Dims] = None
     kinds: tuple[str, ...] = MUTATION_KINDS
@@ -75,8 +80,10 @@ def unreachable(*, without: frozenset[str], cannot_run: frozenset[str],
 
     reasons = {Value("gate", name): off(switch) for name, switch in GATE_SWITCHES.items()}
     reasons[Value("mutation", "hisparse_evict")] = off("hisparse") and f"needs hisparse: {off('hisparse')}"
-    reasons.update({Value("contract", c): f"the target replays its prefill graph under {' and '.join(contracts)} only"
-                    for c in GRAPH_CONTRACTS if c not in contracts})
+    lacks = {c: f"the target replays its prefill graph under {' and '.join(contracts)} only"
+             for c in GRAPH_CONTRACTS if c not in contracts}
+    reasons.update({Value("contract", c): reason for c, reason in lacks.items()})
+    reasons.update({Value("carry", carry(c, order)): reason for c, reason in lacks.items() for order in CARRY_ORDERS})
     return {value: reason for value, reason in reasons.items() if reason}
 
 
@@ -139,8 +146,14 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
         dims, reqs = aim.dims or draw(large_dims(total, budget)), draw(skewed_requests(total))
     first = draw(batch(hisparse=f.hisparse, reqs=reqs, modes=[aim.mode], kinds_on=set(aim.kinds)))
     batches = [first if aim.graph is None else replace(first, graph=aim.graph)]
+    if aim.between:
+        bucket = graph_bucket(first.num_tokens)
+        other = draw(REPLAYABLE.filter(lambda reqs: graph_bucket(sum(r.extend_len for r in reqs)) not in (None, bucket)))
+        batches.append(replace(draw(batch(hisparse=f.hisparse, reqs=other, modes=_REUSING_MODES,
+                                          kinds_on=set(aim.kinds))), graph=True))
     if aim.reuse:
-        again = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=_REUSING_MODES, kinds_on=set(aim.kinds)))
+        again = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=[aim.reuse_mode] if aim.reuse_mode
+                           else _REUSING_MODES, kinds_on=set(aim.kinds)))
         batches.append(replace(again, graph=True))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches), graph_contract=aim.contract,
                 delay_cycles=draw(st.sampled_from(DELAYS)), data_seed=draw(st.integers(0, 2**16)))
@@ -186,6 +199,12 @@ def _tokens(value: str, semantics: Semantics, budget: int) -> tuple[Aim, ...]:
     return (Aim(tokens=st.integers(low, min(high, budget))),)
 
 
+_CARRIES = {carry(contract, order): Aim(graph=True, reuse=True, between=order == CARRY_ORDERS[1],
+                                        reuse_mode=ForwardMode.EXTEND, sparse=True, contract=contract,
+                                        closed="bcg" if contract == "bcg" else "open")
+            for contract in GRAPH_CONTRACTS for order in CARRY_ORDERS}
+
+
 _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
     "mode": _mode,
     "spec": _spec,
@@ -200,4 +219,7 @@ _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
     "attention": lambda value, semantics, budget: (Aim(sparse=value == "sparse"),),
     "edge": _edge,
     "tokens": _tokens,
+    # a sparse replay (the switch on: its EXTEND batch builds the chunk cache at any size) whose bucket a sparse
+    # EXTEND batch (the one that would read a kept cache) replays again, at once or after another bucket's replay
+    "carry": lambda value, semantics, budget: (_CARRIES[value],),
 }

@@ -4,6 +4,7 @@ unreachable with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from harness.campaign import StreamPhase, case_digest, run_campaign
-from harness.coverage import VALUES, Coverage, describe, merge_tables, values
+from harness.case import Batch, Request
+from harness.coverage import CARRY_ORDERS, VALUES, Coverage, describe, merge_tables, values
 from harness.covering import covering_cases, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
@@ -96,6 +98,24 @@ def test_first_reached_keeps_the_first_place_and_a_database_replay_reaches_nothi
     assert merge_tables([table, {**table, "first_reached": {}}])["first_reached"] == table["first_reached"]
 
 
+def test_a_replay_after_its_buckets_sparse_replay_is_a_carry_value_of_its_contract():
+    """The chunk cache a replay's captured metadata may keep: the value names whether the bucket's last (sparse)
+    replay came just before or before another bucket's, under the case's contract; a dense first replay keeps none."""
+    extend, _ = seed_cases("0.5.23")[:2]
+    sparse = dataclasses.replace(extend.flags, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=True)
+    small, other = Batch(requests=(Request(0, 2),), graph=True), Batch(requests=(Request(0, 5),), graph=True)
+
+    def carried(flags, contract, *batches):
+        case = dataclasses.replace(extend, flags=flags, graph_contract=contract, batches=batches)
+        return {value.value for value in values(case) if value.dimension == "carry"}
+
+    assert carried(sparse, "bcg", small, small) == {f"bcg: {CARRY_ORDERS[0]}"}
+    assert carried(sparse, "fresh", small, other, small) == {f"fresh: {CARRY_ORDERS[1]}"}
+    dense = dataclasses.replace(sparse, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
+    assert carried(dense, "bcg", small, other, small) == set()
+    assert carried(sparse, "bcg", small, dataclasses.replace(small, graph=False)) == set()  # eager: no replay
+
+
 class _BreakableOnlyWithoutCp(ReferenceTarget):
     """A target like a release that replays its prefill graph under the breakable contract only and cannot run CP."""
 
@@ -109,6 +129,7 @@ def test_a_value_the_campaign_cannot_draw_is_named_unreachable_with_the_reason()
     coverage = result.summary()["coverage"]
     assert coverage["unreachable"] == {
         "contract": {"fresh": "the target replays its prefill graph under bcg only"},
+        "carry": {f"fresh: {order}": "the target replays its prefill graph under bcg only" for order in CARRY_ORDERS},
         "gate": {"cp_active": "the target cannot run cp_active", "hisparse": "--without hisparse"},
         "mutation": {"hisparse_evict": "needs hisparse: --without hisparse"},
     }
