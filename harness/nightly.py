@@ -21,15 +21,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.device import DeviceKind, resolve_device
-from harness.errors import ExitCode, InvalidArgument
-from harness.example_db import check_shared
+from harness.device import DeviceKind
+from harness.errors import ExitCode
 from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
 from harness.workers import cpu_cores
-from reports.schema import MUTANTS, NIGHTLY, SUMMARY
-from reports.writers import refuse_other_runs, write_report
+from reports.schema import NIGHTLY
+from reports.writers import write_report
 
 # pytest's own exit codes (`pytest.ExitCode`): 2 is its interruption, 3 its internal error, 4 a usage
 # error and 5 "no tests collected", the last three a step that could not run
@@ -54,7 +53,7 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     core, sharing the GPUs on cuda: a case is mostly host work, and one worker per GPU left 15 of an
     H200 host's 16 cores idle). `target`: what the cases and the campaign judge. `self_tests`: the
     harness's own tests too. `shard`: this host's part of the suite, the case stream and the mutants
-    (`run` leaves the sanitizer out of every part but the first)."""
+    (`harness.commands.nightly` leaves the sanitizer out of every part but the first)."""
     python = sys.executable
     folder = str(report_dir)
     replace = ["--overwrite"] if overwrite else []
@@ -115,25 +114,12 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
             else ExitCode.INTERRUPTED if "interrupted" in outcomes else ExitCode.OK)
 
 
-def run(args) -> int:
-    shard = Shard.parse(args.shard)
-    if shard.count > 1 and args.seed is None:
-        raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "
-                              "campaigns are parts of one case stream")
-    skip = args.skip
-    device = resolve_device(args.device, option="--device")  # no GPU on --device cuda: exit 3 now, not four failed steps later
-    if shard.index > 1:
-        print(f"[sanitize] runs in shard 1 of {shard.count} only")
-        skip |= {"sanitize"}
-    report_dir = Path(args.report_dir)
-    refuse_other_runs(report_dir, (NIGHTLY, SUMMARY, MUTANTS), overwrite=args.overwrite)
+def run_nightly(report_dir: Path, steps: list[Step], skip: frozenset[str], device: str) -> int:
+    """The planned `steps` into `report_dir`, then nightly.json and the page, written also after SIGINT or
+    SIGTERM (the step in flight stops and writes what it has, no later step starts). The exit code is the
+    worst of the steps' and the page's verdict. The caller has checked its arguments and refused another
+    run's folder (`reports.writers.refuse_other_runs`): nothing here is refused."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    workers = "auto" if args.workers is None else str(args.workers)
-    steps = plan(report_dir, device=device, examples=args.examples, workers=workers,
-                 semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
-                 progress_every=args.progress_every, seed=args.seed,
-                 example_dbs=tuple(check_shared(spec, "--example-db") for spec in args.example_db), target=args.target,
-                 self_tests=args.self_tests)
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
         stop.writing()

@@ -81,6 +81,10 @@ def test_a_pytest_usage_error_is_a_broken_step_not_an_interruption():
     (["--device", "tpu"], "argument --device: 'tpu' is not one of: cuda, cpu"),
     (["--examples", "0"], "argument --examples: 0 is out of range: an integer from 1 to 1,000,000"),
     (["--target", "nonsense"], "argument --target: 'nonsense' is not one of: reference, sglang, MODULE:FACTORY"),
+    # checked by the command before any step (and before --device cuda asks for a GPU), naming the flags
+    (["--shard", "2/4"], "--shard=2/4 needs --seed S, the same on every host"),
+    (["--shard", "5/4", "--seed", "1"], "--shard='5/4': K/N with 1 <= K <= N"),
+    (["--example-db", "ftp://host/db"], "--example-db='ftp://host/db': a directory or redis://HOST:PORT"),
 ])
 def test_bad_nightly_flags_exit_2_naming_the_flag(tmp_path, capsys, argv, needle):
     from harness.cli import main
