@@ -45,11 +45,11 @@ class Step:
     outcome: str = "skipped"  # clean | found | broken | skipped | interrupted
 
 
-def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
+def plan(report_dir: Path, *, device: str, examples: int | None, workers: int | None, semantics: str,
          skip: frozenset[str], shard: Shard = WHOLE, overwrite: bool = False,
          progress_every: float = PROGRESS_EVERY_S, seed: int | None = None,
          example_dbs: tuple[str, ...] = (), target: str = "reference", self_tests: bool = False) -> list[Step]:
-    """`workers`: the campaign's (one per GPU with auto) and pytest's xdist workers (auto: one per
+    """`workers`: the campaign's (None, auto: one per GPU) and pytest's xdist workers (None: one per
     core, sharing the GPUs on cuda: a case is mostly host work, and one worker per GPU left 15 of an
     H200 host's 16 cores idle). `target`: what the cases and the campaign judge. `self_tests`: the
     harness's own tests too. `shard`: this host's part of the suite, the case stream and the mutants
@@ -60,7 +60,8 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     parts = ["--shard", str(shard)] if shard.count > 1 else []
     campaign = [python, "-m", "harness", "run", "--target", target, "--device", device, "--profile", "nightly",
                 "--semantics", semantics,
-                "--report-dir", folder, "--workers", workers, "--progress-every", str(progress_every),
+                "--report-dir", folder, "--workers", "auto" if workers is None else str(workers),
+                "--progress-every", str(progress_every),
                 *parts, *replace] + (["--examples", str(examples)] if examples else []) + (
                    ["--seed", str(seed)] if seed is not None else []) + [
                    arg for db in example_dbs for arg in ("--example-db", db)]
@@ -78,11 +79,11 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     return [s if s.name not in skip else Step(s.name, s.command, outcome="skipped") for s in steps]
 
 
-def pytest_workers(workers: str, device: str) -> list[str]:
-    """The pytest step's xdist options: auto is one worker per core (on cuda sharing the GPUs, as
+def pytest_workers(workers: int | None, device: str) -> list[str]:
+    """The pytest step's xdist options: None (auto) is one worker per core (on cuda sharing the GPUs, as
     `--gpu-share` allows); a number is that many, sharing the GPUs on cuda too."""
-    count = str(cpu_cores()) if workers == "auto" else workers
-    return ["-n", count] + (["--gpu-share"] if DeviceKind(device).uses_gpus else [])
+    count = cpu_cores() if workers is None else workers
+    return ["-n", str(count)] + (["--gpu-share"] if DeviceKind(device).uses_gpus else [])
 
 
 def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequest | None = None) -> int:

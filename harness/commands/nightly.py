@@ -28,8 +28,7 @@ def run(args) -> int:
     report_dir = Path(args.report_dir)
     refuse_other_runs(report_dir, (NIGHTLY, SUMMARY, MUTANTS), overwrite=args.overwrite, name="--report-dir",
                       overwrite_name="--overwrite")
-    workers = "auto" if args.workers is None else str(args.workers)
-    steps = plan(report_dir, device=device, examples=args.examples, workers=workers, semantics=args.semantics,
+    steps = plan(report_dir, device=device, examples=args.examples, workers=args.workers, semantics=args.semantics,
                  skip=skip, shard=shard, overwrite=args.overwrite, progress_every=args.progress_every, seed=args.seed,
                  example_dbs=example_dbs, target=args.target, self_tests=args.self_tests)
     return run_nightly(report_dir, steps, skip, device)
