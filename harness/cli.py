@@ -22,13 +22,13 @@ from harness.commands.parsers import PARSERS, HarnessParser
 from harness.errors import ExitCode, HarnessError, describe_internal_error
 from harness.project_config import find_pyproject, project_defaults
 
-# The subcommands by name: the module whose `run(args)` runs each (`harness.commands`, and the four that live
-# beside their feature). This module builds the parser (`harness.commands.parsers`) and imports only the
-# chosen command's module, after parsing: --help, --version and usage errors never load torch.
+# The subcommands by name: the module whose `run(args)` runs each (`harness.commands`, and `report`, which has
+# no flag to check, beside its feature). This module builds the parser (`harness.commands.parsers`) and imports
+# only the chosen command's module, after parsing: --help, --version and usage errors never load torch.
 COMMANDS = {"run": "harness.commands.run", "replay": "harness.commands.replay", "explore": "harness.commands.explore",
             "triage": "harness.commands.triage", "csan": "harness.commands.csan", "mutants": "harness.commands.mutants",
-            "sanitize": "harness.sanitizer.cli", "report": "reports.cli", "merge": "reports.merge",
-            "nightly": "harness.nightly"}
+            "sanitize": "harness.commands.sanitize", "report": "reports.cli", "merge": "harness.commands.merge",
+            "nightly": "harness.commands.nightly"}
 
 
 def harness_version() -> str:

@@ -21,15 +21,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.device import DeviceKind, resolve_device
-from harness.errors import ExitCode, InvalidArgument
-from harness.example_db import check_shared
+from harness.device import DeviceKind
+from harness.errors import ExitCode
 from harness.interrupts import StopRequest, stop_on_signals
 from harness.progress import PROGRESS_EVERY_S
 from harness.sharding import WHOLE, Shard
 from harness.workers import cpu_cores
-from reports.schema import MUTANTS, NIGHTLY, SUMMARY
-from reports.writers import refuse_other_runs, write_report
+from reports.schema import NIGHTLY
+from reports.writers import write_report
 
 # pytest's own exit codes (`pytest.ExitCode`): 2 is its interruption, 3 its internal error, 4 a usage
 # error and 5 "no tests collected", the last three a step that could not run
@@ -46,22 +45,23 @@ class Step:
     outcome: str = "skipped"  # clean | found | broken | skipped | interrupted
 
 
-def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, semantics: str,
+def plan(report_dir: Path, *, device: str, examples: int | None, workers: int | None, semantics: str,
          skip: frozenset[str], shard: Shard = WHOLE, overwrite: bool = False,
          progress_every: float = PROGRESS_EVERY_S, seed: int | None = None,
          example_dbs: tuple[str, ...] = (), target: str = "reference", self_tests: bool = False) -> list[Step]:
-    """`workers`: the campaign's (one per GPU with auto) and pytest's xdist workers (auto: one per
+    """`workers`: the campaign's (None, auto: one per GPU) and pytest's xdist workers (None: one per
     core, sharing the GPUs on cuda: a case is mostly host work, and one worker per GPU left 15 of an
     H200 host's 16 cores idle). `target`: what the cases and the campaign judge. `self_tests`: the
     harness's own tests too. `shard`: this host's part of the suite, the case stream and the mutants
-    (`run` leaves the sanitizer out of every part but the first)."""
+    (`harness.commands.nightly` leaves the sanitizer out of every part but the first)."""
     python = sys.executable
     folder = str(report_dir)
     replace = ["--overwrite"] if overwrite else []
     parts = ["--shard", str(shard)] if shard.count > 1 else []
     campaign = [python, "-m", "harness", "run", "--target", target, "--device", device, "--profile", "nightly",
                 "--semantics", semantics,
-                "--report-dir", folder, "--workers", workers, "--progress-every", str(progress_every),
+                "--report-dir", folder, "--workers", "auto" if workers is None else str(workers),
+                "--progress-every", str(progress_every),
                 *parts, *replace] + (["--examples", str(examples)] if examples else []) + (
                    ["--seed", str(seed)] if seed is not None else []) + [
                    arg for db in example_dbs for arg in ("--example-db", db)]
@@ -79,11 +79,11 @@ def plan(report_dir: Path, *, device: str, examples: int | None, workers: str, s
     return [s if s.name not in skip else Step(s.name, s.command, outcome="skipped") for s in steps]
 
 
-def pytest_workers(workers: str, device: str) -> list[str]:
-    """The pytest step's xdist options: auto is one worker per core (on cuda sharing the GPUs, as
+def pytest_workers(workers: int | None, device: str) -> list[str]:
+    """The pytest step's xdist options: None (auto) is one worker per core (on cuda sharing the GPUs, as
     `--gpu-share` allows); a number is that many, sharing the GPUs on cuda too."""
-    count = str(cpu_cores()) if workers == "auto" else workers
-    return ["-n", count] + (["--gpu-share"] if DeviceKind(device).uses_gpus else [])
+    count = cpu_cores() if workers is None else workers
+    return ["-n", str(count)] + (["--gpu-share"] if DeviceKind(device).uses_gpus else [])
 
 
 def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequest | None = None) -> int:
@@ -115,25 +115,12 @@ def run_steps(steps: list[Step], skip: frozenset[str], log=print, stop: StopRequ
             else ExitCode.INTERRUPTED if "interrupted" in outcomes else ExitCode.OK)
 
 
-def run(args) -> int:
-    shard = Shard.parse(args.shard)
-    if shard.count > 1 and args.seed is None:
-        raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "
-                              "campaigns are parts of one case stream")
-    skip = args.skip
-    device = resolve_device(args.device, option="--device")  # no GPU on --device cuda: exit 3 now, not four failed steps later
-    if shard.index > 1:
-        print(f"[sanitize] runs in shard 1 of {shard.count} only")
-        skip |= {"sanitize"}
-    report_dir = Path(args.report_dir)
-    refuse_other_runs(report_dir, (NIGHTLY, SUMMARY, MUTANTS), overwrite=args.overwrite)
+def run_nightly(report_dir: Path, steps: list[Step], skip: frozenset[str], device: str) -> int:
+    """The planned `steps` into `report_dir`, then nightly.json and the page, written also after SIGINT or
+    SIGTERM (the step in flight stops and writes what it has, no later step starts). The exit code is the
+    worst of the steps' and the page's verdict. The caller has checked its arguments and refused another
+    run's folder (`reports.writers.refuse_other_runs`): nothing here is refused."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    workers = "auto" if args.workers is None else str(args.workers)
-    steps = plan(report_dir, device=device, examples=args.examples, workers=workers,
-                 semantics=args.semantics, skip=skip, shard=shard, overwrite=args.overwrite,
-                 progress_every=args.progress_every, seed=args.seed,
-                 example_dbs=tuple(check_shared(spec, "--example-db") for spec in args.example_db), target=args.target,
-                 self_tests=args.self_tests)
     with stop_on_signals() as stop:
         code = run_steps(steps, skip, stop=stop)
         stop.writing()

@@ -26,10 +26,11 @@ class Shard:
     count: int
 
     @classmethod
-    def parse(cls, text: str, flag: str = "--shard") -> "Shard":
+    def parse(cls, text: str, name: str = "shard") -> "Shard":
+        """`K/N`; anything else is refused naming it `name`, the caller's name for it (the commands' --shard)."""
         match = _SPEC.fullmatch(text.strip())
         if not match or not 1 <= int(match[1]) <= int(match[2]):
-            raise InvalidArgument(f"{flag}={text!r}: K/N with 1 <= K <= N, for example 1/4")
+            raise InvalidArgument(f"{name}={text!r}: K/N with 1 <= K <= N, for example 1/4")
         return cls(int(match[1]), int(match[2]))
 
     def owns(self, position: int) -> bool:

@@ -26,8 +26,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.coverage import merge_tables
-from harness.errors import ExitCode, InvalidArgument
-from reports.cli import EXIT_CODES, render_folder
+from harness.errors import InvalidArgument
+from reports.cli import render_folder
 from reports.folder import EXAMPLES, PYTEST_JUNIT, ReportFolder, load_folder
 from reports.junit import CAMPAIGN, MUTANTS as JUNIT_MUTANTS, SANITIZER as JUNIT_SANITIZER
 from reports.schema import (CLEAN_REFERENCE, KERNEL, MUTANTS, NIGHTLY, SANITIZER, SUMMARY, TRIAGE, VERSIONS,
@@ -217,12 +217,15 @@ def load_sources(dirs: list[Path]) -> list[tuple[str, ReportFolder]]:
     return sources
 
 
-def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
-    """Returns the merged folder's files, its verdict (`reports.cli.render_folder`) and its summary."""
+def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False, into_name: str = "into",
+                  overwrite_name: str = "overwrite"):
+    """Returns the merged folder's files, its verdict (`reports.cli.render_folder`) and its summary. `into`
+    among `dirs`, or holding another run's report without `overwrite`, is refused naming them as the
+    caller knows them (`into_name`, `overwrite_name`: the command's flags)."""
     into = Path(into)
     if any(Path(d).resolve() == into.resolve() for d in dirs):
-        raise InvalidArgument(f"--into {into}: is also one of the folders to merge")
-    refuse_other_runs(into, REPORT_FILES, overwrite=overwrite, flag="--into")
+        raise InvalidArgument(f"{into_name} {into}: is also one of the folders to merge")
+    refuse_other_runs(into, REPORT_FILES, overwrite=overwrite, name=into_name, overwrite_name=overwrite_name)
     sources = load_sources([Path(d) for d in dirs])
     summaries = [(label, f.summary) for label, f in sources if f.summary is not None]
     summary = merge_summaries(summaries) if summaries else None
@@ -250,15 +253,3 @@ def merge_folders(dirs: list[Path], into: Path, *, overwrite: bool = False):
     replace_report(into, REPORT_FILES, build)
     _, verdict = outcome["rendered"]
     return sorted(into.iterdir()), verdict, summary
-
-
-def run(args) -> int:
-    """Exit 0 clean, 1 found, 3 broken (the merged page's verdict), 2 for a folder that does not belong."""
-    written, verdict, summary = merge_folders(args.dirs, Path(args.into), overwrite=args.overwrite)
-    if summary is not None:
-        print(f"campaign: {summary['cases']} cases from {len(summary['workers'])} part(s), "
-              f"{len(summary['findings'])} finding(s)")
-    for path in written:
-        print(f"wrote {path}")
-    print(f"{verdict.status}: {verdict.reason}")
-    return EXIT_CODES.get(verdict.status, ExitCode.OK)

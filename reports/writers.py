@@ -93,17 +93,18 @@ def _check_creatable(parent: Path, value: str) -> None:
 
 
 def refuse_other_runs(report_dir: Path, own_files: tuple[str, ...], *, overwrite: bool,
-                      flag: str = "--report-dir") -> None:
+                      name: str = "report_dir", overwrite_name: str = "overwrite") -> None:
     """A report folder that already holds a run of this kind (one of `own_files`) is another run's:
     refused (exit 2, naming it) unless `overwrite`, so that a second run never silently replaces the
-    first. Called before any work."""
+    first. Called before any work. `name` and `overwrite_name`: the caller's names for `report_dir`
+    and `overwrite` in the message (the commands' flags), so that this module never names a flag."""
     report_dir = Path(report_dir)
     if report_dir.exists() and not report_dir.is_dir():
-        raise InvalidArgument(f"{flag} {report_dir}: exists and is not a directory")
-    held = [name for name in own_files if (report_dir / name).exists()]
+        raise InvalidArgument(f"{name} {report_dir}: exists and is not a directory")
+    held = [file for file in own_files if (report_dir / file).exists()]
     if held and not overwrite:
-        raise InvalidArgument(f"{flag} {report_dir}: the folder holds another run's report ({', '.join(held)}); "
-                              "choose another folder, or pass --overwrite to replace it")
+        raise InvalidArgument(f"{name} {report_dir}: the folder holds another run's report ({', '.join(held)}); "
+                              f"choose another folder, or pass {overwrite_name} to replace it")
     for left in leftover_staging(report_dir):
         if any(left.iterdir()):
             print(f"warning: {left} was left by a run that was killed while it wrote its report into {report_dir}; "

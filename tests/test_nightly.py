@@ -37,7 +37,7 @@ def test_from_db_needs_a_profile_that_keeps_a_database(tmp_path):
 
 
 def test_the_plan_covers_every_step_into_one_folder(tmp_path):
-    steps = plan(tmp_path, device="cuda", examples=None, workers="auto", semantics="0.5.23", skip=frozenset())
+    steps = plan(tmp_path, device="cuda", examples=None, workers=None, semantics="0.5.23", skip=frozenset())
     assert [s.name for s in steps] == ["pytest", "campaign", "mutants", "sanitize"]
     assert all(str(tmp_path) in " ".join(s.command) for s in steps)
     assert "--profile" in steps[1].command and "nightly" in steps[1].command
@@ -46,16 +46,18 @@ def test_the_plan_covers_every_step_into_one_folder(tmp_path):
 def test_the_pytest_step_runs_the_cases_against_the_target_on_every_core_sharing_the_gpu(tmp_path):
     """The user's nightly checks their SGLang: the cases against the configured target, not the
     harness's own tests (one worker per GPU left 15 of 16 cores idle, and the self-tests took most of it)."""
-    pytest_step, campaign = plan(tmp_path, device="cuda", examples=None, workers="auto", semantics="0.5.23",
+    pytest_step, campaign = plan(tmp_path, device="cuda", examples=None, workers=None, semantics="0.5.23",
                                  skip=frozenset(), target="sglang")[:2]
     command = pytest_step.command
     assert command[command.index("-n") + 1] == str(cpu_cores()) and "--gpu-share" in command
     assert "--harness-target=sglang" in command and command[-1] == "cases" and "tests" not in command
     assert campaign.command[campaign.command.index("--target") + 1] == "sglang"
-    with_self_tests = plan(tmp_path, device="cpu", examples=None, workers="3", semantics="0.5.23",
-                           skip=frozenset(), self_tests=True)[0].command
-    assert with_self_tests[-2:] == ["cases", "tests"] and "--gpu-share" not in with_self_tests
-    assert with_self_tests[with_self_tests.index("-n") + 1] == "3"
+    assert campaign.command[campaign.command.index("--workers") + 1] == "auto"  # None: the campaign's own auto
+    with_self_tests, campaign = plan(tmp_path, device="cpu", examples=None, workers=3, semantics="0.5.23",
+                                     skip=frozenset(), self_tests=True)[:2]
+    assert with_self_tests.command[-2:] == ["cases", "tests"] and "--gpu-share" not in with_self_tests.command
+    assert with_self_tests.command[with_self_tests.command.index("-n") + 1] == "3"
+    assert campaign.command[campaign.command.index("--workers") + 1] == "3"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here: the nightly would run")
@@ -81,6 +83,10 @@ def test_a_pytest_usage_error_is_a_broken_step_not_an_interruption():
     (["--device", "tpu"], "argument --device: 'tpu' is not one of: cuda, cpu"),
     (["--examples", "0"], "argument --examples: 0 is out of range: an integer from 1 to 1,000,000"),
     (["--target", "nonsense"], "argument --target: 'nonsense' is not one of: reference, sglang, MODULE:FACTORY"),
+    # checked by the command before any step (and before --device cuda asks for a GPU), naming the flags
+    (["--shard", "2/4"], "--shard=2/4 needs --seed S, the same on every host"),
+    (["--shard", "5/4", "--seed", "1"], "--shard='5/4': K/N with 1 <= K <= N"),
+    (["--example-db", "ftp://host/db"], "--example-db='ftp://host/db': a directory or redis://HOST:PORT"),
 ])
 def test_bad_nightly_flags_exit_2_naming_the_flag(tmp_path, capsys, argv, needle):
     from harness.cli import main
@@ -109,7 +115,7 @@ def test_the_pytest_step_collects_this_project_from_any_report_folder(tmp_path):
     rootdir, so the project's conftest never loaded and its options were unknown (exit 4)."""
     report = tmp_path / "report"
     report.mkdir()  # as `nightly` makes it before the steps run; an existing path is what pytest took
-    pytest_step = plan(report, device="cpu", examples=None, workers="auto", semantics="0.5.23",
+    pytest_step = plan(report, device="cpu", examples=None, workers=None, semantics="0.5.23",
                        skip=frozenset())[0]
     python, m, pytest_module, *options = pytest_step.command
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

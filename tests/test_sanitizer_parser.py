@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from argparse import Namespace
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.sanitizer import binary as binary_mod
 from harness.sanitizer import runner
 from harness.sanitizer.cases import CASES, cases_of
-from harness.sanitizer.cli import _select
+from harness.sanitizer.cli import select
 from harness.sanitizer.command import ERROR_EXITCODE, build_command
 from harness.sanitizer.parse import OutputError, parse_summary, parse_xml
 from harness.sanitizer.runner import PlainRun, RunOutputs, classify_run, run_sanitized
@@ -346,11 +345,13 @@ def test_sanitize_command_writes_the_report_and_exits_by_verdict(replaying, tmp_
     assert main(["sanitize", "--tool", "racecheck", "planted-race", "--report-dir", str(tmp_path)]) == 3
 
 
-def test_sanitize_command_bad_input_and_missing_binary(bare_machine, tmp_path):
+def test_sanitize_command_bad_input_and_missing_binary(bare_machine, tmp_path, capsys):
     assert main(["sanitize", "--tool", "memcheck", "planted-race"]) == 2  # planted-race is racecheck's only
+    assert "case 'planted-race' runs under racecheck only, not --tool=memcheck" in capsys.readouterr().err
     assert main(["sanitize", "--timeout", "0"]) == 2
     assert main(["sanitize", "--target", "vllm"]) == 2
     assert main(["sanitize", "sglang-kernels-eager"]) == 2  # SGLang's case without --target sglang
+    assert "case 'sglang-kernels-eager' runs sglang's code: give --target=sglang" in capsys.readouterr().err
     assert main(["sanitize", "--tool", "racecheck", "planted-race", "--report-dir", str(tmp_path / "r")]) == 3
     assert "not found" in json.loads((tmp_path / "r" / "sanitizer.json").read_text())["error"]
 
@@ -385,8 +386,7 @@ def test_sglangs_kernels_recorded_on_the_gpu_clean_and_every_planted_bug_found()
 @pytest.mark.parametrize("tool", ["racecheck", "synccheck", "memcheck", "initcheck"])
 def test_one_tool_runs_the_targets_cases_made_for_it(target, tool):
     # the planted bugs of the other tools are left out, not an error: `--tool memcheck` alone must run
-    tools, cases = _select(Namespace(tool=tool, target=target, timeout=60.0, jobs=1, cases=[]))
+    tools, cases = select(tool, target, [])
     assert tools == [tool] and cases and all(tool in case.tools for case in cases)
-    with pytest.raises(InvalidArgument, match="runs under"):
-        _select(Namespace(tool=tool, target=target, timeout=60.0, jobs=1,
-                          cases=[next(c.name for c in cases_of(target) if tool not in c.tools)]))
+    with pytest.raises(InvalidArgument, match=f"runs under .* only, not tool={tool}$"):  # the parameter, not a flag
+        select(tool, target, [next(c.name for c in cases_of(target) if tool not in c.tools)])

@@ -28,9 +28,11 @@ def case_set(folder: Path) -> Counter:
 
 
 @pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/0", ""])
-def test_a_bad_shard_is_refused_naming_the_flag(text):
-    with pytest.raises(InvalidArgument, match=r"--shard=.*K/N with 1 <= K <= N"):
+def test_a_bad_shard_is_refused_naming_it_as_the_caller_does(text):
+    with pytest.raises(InvalidArgument, match=r"^shard=.*K/N with 1 <= K <= N"):
         Shard.parse(text)
+    with pytest.raises(InvalidArgument, match=r"^--shard=.*K/N with 1 <= K <= N"):
+        Shard.parse(text, "--shard")
 
 
 def test_the_parts_are_disjoint_and_cover_the_stream_and_workers_split_their_part():
@@ -93,6 +95,24 @@ def test_a_folder_that_does_not_belong_is_refused_with_exit_2_naming_it(tmp_path
         err = capsys.readouterr().err
         assert needle in err and str(tmp_path / other) in err and "Traceback" not in err
         assert not into.exists()
+
+
+def test_an_into_folder_that_is_a_source_or_holds_a_report_is_refused_naming_the_flags(tmp_path, capsys):
+    """exit 2, naming --into and --overwrite, before anything is written; `merge_folders` itself names its
+    parameters (the library never names a flag)."""
+    write_folder(tmp_path / "a", summary_json=shard_summary(1, 2))
+    write_folder(tmp_path / "b", summary_json=shard_summary(2, 2))
+    before = (tmp_path / "a" / "summary.json").read_text()
+    assert main(["merge", str(tmp_path / "a"), str(tmp_path / "b"), "--into", str(tmp_path / "a")]) == 2
+    assert f"--into {tmp_path / 'a'}: is also one of the folders to merge" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "b"), "--into", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"--into {tmp_path / 'a'}: the folder holds another run's report (summary.json" in err
+    assert "pass --overwrite to replace it" in err and (tmp_path / "a" / "summary.json").read_text() == before
+    with pytest.raises(InvalidArgument, match=r"^into .*: is also one of the folders to merge$"):
+        merge_folders([tmp_path / "a", tmp_path / "b"], tmp_path / "a")
+    with pytest.raises(InvalidArgument, match=r"^into .*another run's report.*pass overwrite to replace it$"):
+        merge_folders([tmp_path / "b"], tmp_path / "a")
 
 
 def test_kill_tables_sanitizer_results_and_junit_files_merge(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import main
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.triage.versions import (
     BACKEND,
@@ -83,9 +84,11 @@ def test_versions_sort_by_packaging_not_as_text():
 
 
 @pytest.mark.parametrize("text", ["", "0.5.x,0.5.23"])
-def test_bad_versions_name_the_option(text):
-    with pytest.raises(InvalidArgument, match="--versions"):
-        parse_versions(text, "--versions")
+def test_bad_versions_exit_2_naming_the_option(text, tmp_path, capsys):
+    assert main(["triage", "--versions", text, "--report-dir", str(tmp_path / "r")]) == 2
+    assert "error: --versions: " in capsys.readouterr().err and not (tmp_path / "r").exists()
+    with pytest.raises(InvalidArgument, match="^versions: "):  # the library names its parameter
+        parse_versions(text)
 
 
 def test_the_first_failing_version_and_the_last_passing_one(tmp_path):

@@ -20,8 +20,9 @@ def run(args) -> int:
     if unknown:
         raise InvalidArgument(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(MUTANTS)}")
     semantics = args.semantics
-    shard = Shard.parse(args.shard)
+    shard = Shard.parse(args.shard, "--shard")
     report_dir = Path(args.report_dir)
-    refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite)
+    refuse_other_runs(report_dir, ("mutants.json",), overwrite=args.overwrite, name="--report-dir",
+                      overwrite_name="--overwrite")
     return run_kill_table(device=args.device, examples=args.examples, semantics=semantics, report_dir=report_dir,
                           only=args.only, shard=shard, seeds=not args.no_seeds, seed=args.seed)

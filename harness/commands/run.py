@@ -35,7 +35,8 @@ def run(args) -> int:
     check_run_flags(args, device)
     report_dir = Path(args.report_dir)
     if not args.from_db:  # a replay writes replay-summary.json beside the campaign it replays
-        refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite)
+        refuse_other_runs(report_dir, (SUMMARY,), overwrite=args.overwrite, name="--report-dir",
+                          overwrite_name="--overwrite")
     in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
     config = campaign_config(args, device, report_dir, processes=count)
     target = config.target_spec.load()
@@ -54,7 +55,7 @@ def run(args) -> int:
 def check_run_flags(args, device: str) -> None:
     """The checks of flags that are wrong only together, naming the flags, before any work (each flag's
     own value is checked as it is parsed, `harness.commands.parsers`)."""
-    shard = Shard.parse(args.shard)
+    shard = Shard.parse(args.shard, "--shard")
     if shard.count > 1 and args.seed is None and not PROFILES[args.profile]["derandomize"]:
         raise InvalidArgument(f"--shard={args.shard} with the {args.profile!r} profile needs --seed S, the same on "
                               "every shard, so that the shards are parts of one case stream")
@@ -83,7 +84,7 @@ def campaign_config(args, device: str, report_dir: Path, *, processes: int) -> C
         target_spec=target_spec_of(args), device=device, semantics=args.semantics, examples=args.examples,
         seed=args.seed, profile=args.profile, database_dir=report_dir / "examples", shrink=not args.no_shrink,
         oracles=parse_oracles(args.oracles, "--oracles"), from_db=args.from_db, isolate_s=isolate_s, seeds=not args.no_seeds,
-        shard=Shard.parse(args.shard), shared_databases=tuple(args.example_db), keep_going=args.keep_going,
+        shard=Shard.parse(args.shard, "--shard"), shared_databases=tuple(args.example_db), keep_going=args.keep_going,
         jobs=args.jobs or auto_jobs(device, isolate_s, processes=processes), without=parse_without(args.without))
 
 

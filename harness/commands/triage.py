@@ -16,14 +16,14 @@ from harness.errors import ExitCode, InvalidArgument
 from harness.oracles import oracle_names, parse_oracles
 from harness.strategies import with_dims
 from harness.triage.static import static_triage, triage_classes
-from harness.triage.versions import triage_versions
+from harness.triage.versions import parse_versions, triage_versions
 from reports.schema import TRIAGE
 from reports.writers import write_report
 
 
 def run(args) -> int:
     if args.versions is not None:
-        return triage_versions(args)
+        return triage_versions(args, parse_versions(args.versions, "--versions"))
     target_spec = target_spec_of(args)
     if args.static_only:
         return static_triage(args, target_spec)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.sanitizer.binary import find_sanitizer
-from harness.sanitizer.cases import TOOLS, cases_of, get_case
+from harness.sanitizer.cases import TOOLS, SanitizerCase, cases_of, get_case
 from harness.sanitizer.runner import run_all
 from harness.sanitizer.sglang_cases import kernel_module
 from reports.folder import SANITIZER_RAW_DIR as RAW_DIR
@@ -28,16 +28,21 @@ from reports.verdict import BROKEN, FOUND, sanitizer_outcome
 from reports.writers import write_report
 
 
-def _select(args):
-    tools = list(TOOLS) if args.tool == "all" else [args.tool]
-    if not args.cases:  # the target's cases that run under the tools asked for
-        return tools, [case for case in cases_of(args.target) if set(case.tools) & set(tools)]
-    cases = [get_case(name) for name in args.cases]
+def select(tool: str, target: str, case_names: list[str], *, tool_name: str = "tool",
+           target_name: str = "target") -> tuple[list[str], list[SanitizerCase]]:
+    """The tools to run (`tool`: one, or all) and the cases: those named, or none named, the target's cases
+    that run under those tools. A named case of another target, or under none of the tools, is refused
+    before any run, naming `tool` and `target` as the caller knows them (`tool_name`, `target_name`: the
+    command's flags), so that this module never names a flag."""
+    tools = list(TOOLS) if tool == "all" else [tool]
+    if not case_names:  # the target's cases that run under the tools asked for
+        return tools, [case for case in cases_of(target) if set(case.tools) & set(tools)]
+    cases = [get_case(name) for name in case_names]
     for case in cases:
-        if case.target not in (args.target, "any"):
-            raise InvalidArgument(f"case {case.name!r} runs {case.target}'s code: give --target {case.target}")
+        if case.target not in (target, "any"):
+            raise InvalidArgument(f"case {case.name!r} runs {case.target}'s code: give {target_name}={case.target}")
         if not set(case.tools) & set(tools):
-            raise InvalidArgument(f"case {case.name!r} runs under {', '.join(case.tools)} only, not --tool={args.tool}")
+            raise InvalidArgument(f"case {case.name!r} runs under {', '.join(case.tools)} only, not {tool_name}={tool}")
     return tools, cases
 
 
@@ -71,11 +76,11 @@ def _line(r) -> str:
     return text
 
 
-def run(args) -> int:
-    tools, cases = _select(args)
-    if args.target == "sglang":
+def sanitize(tools: list[str], cases: list[SanitizerCase], *, target: str, report_dir: Path, timeout: float,
+             jobs: int) -> int:
+    """`cases` under each of `tools` (`select`), into `report_dir`; the exit code is the page's verdict."""
+    if target == "sglang":
         kernel_module()  # sglang missing: exit 3 before any run, not a never-ran per case
-    report_dir = Path(args.report_dir)
     try:
         binary = find_sanitizer()
     except EnvironmentBroken as exc:
@@ -83,13 +88,13 @@ def run(args) -> int:
         raise
     print(f"compute-sanitizer {binary.version} ({binary.source}: {binary.path}); tools: {', '.join(tools)}; "
           f"{len(cases)} case(s)", flush=True)
-    results = run_all(binary, tools, cases, report_dir / RAW_DIR, timeout=args.timeout, jobs=args.jobs,
+    results = run_all(binary, tools, cases, report_dir / RAW_DIR, timeout=timeout, jobs=jobs,
                       on_result=lambda r: print(_line(r), flush=True))
     ok = all(r.ok for r in results)
     table = figures(results)
     write_report(report_dir / REPORT_NAME, {
-        "binary": binary.as_dict(), "target": args.target, "tools": tools, "cases": [c.name for c in cases],
-        "jobs": args.jobs,
+        "binary": binary.as_dict(), "target": target, "tools": tools, "cases": [c.name for c in cases],
+        "jobs": jobs,
         "ok": ok, "figures": table, "results": [r.as_dict() for r in results]})
     for tool, row in table.items():
         print(f"{tool:9} {row['ok']}/{row['runs']} ok; errors in clean cases {row['errors_in_clean_cases']}; "

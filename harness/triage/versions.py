@@ -423,9 +423,9 @@ def render_matrix(outcome: VersionsOutcome) -> str:
     return "\n".join(lines)
 
 
-def triage_versions(args) -> int:
-    """`python -m harness triage --versions ...`: print each version's verdict and the first failing one."""
-    versions = parse_versions(args.versions, "--versions")
+def triage_versions(args, versions: list[str]) -> int:
+    """`python -m harness triage --versions ...`: print each version's verdict and the first failing one.
+    `versions`: `parse_versions`'s, which the command calls naming its flag."""
     report_dir = Path(args.report_dir)
     root = project_root()
     cache = Path(args.cache_dir) if args.cache_dir else report_dir / "envs"
