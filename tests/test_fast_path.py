@@ -3,13 +3,15 @@ semantics; quiet on the clean reference and where the coarse barrier is asked fo
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from harness import overlap
-from harness.campaign import CampaignResult
+from harness.campaign import CampaignConfig, CampaignResult
 from harness.case import Batch, Case, Flags, Mutation, Request
+from harness.commands.run import _print_result
 from harness.engine import run_case
 from harness.findings import CaseResult, RunRecord
 from harness.hb import Checkpoint, HappensBefore, Issued, Recorded
@@ -143,3 +145,15 @@ def test_a_group_keeps_its_first_values_for_the_median_and_its_counts_and_extrem
                           "max_ms": 0.9, "values_ms": [0.3, 0.1, 0.2]}
     assert "(median of the first 3;" in describe(tally.to_dict(timed=True))
 
+
+def test_a_cuda_run_prints_the_fast_path_in_time_and_a_simulator_run_does_not(tmp_path, capsys):
+    args = argparse.Namespace(quiet=False, shard=None, from_db=False)
+    for device, batch in (("cuda", (True, 0.8)), ("cpu", (True, None))):
+        result = CampaignResult("reference", device, "0.5.23", None, "ci")
+        result.add_phases(judged_with_overlaps(batch))
+        _print_result(args, result.summary(), config=CampaignConfig(device=device), target=ReferenceTarget(),
+                      report_dir=tmp_path)
+        lines = [line for line in capsys.readouterr().out.splitlines() if "fast path" in line]
+        assert lines == (["  fast path: the scheduler started 0.800 ms before the forward ended on a publishing batch "
+                          "(median; min 0.800, max 0.800 ms before the end), more than 0.05 ms before on 1 of 1 "
+                          "publishing batches and on 0 of 0 that did not publish"] if device == "cuda" else []), device
