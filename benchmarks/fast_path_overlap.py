@@ -7,7 +7,8 @@ batch that publishes read-done lets the scheduler start while the forward still 
 to the forward's length after the shared reads); a batch that does not publish, or a barrier that waits on the
 whole forward, starts after it (zero or negative). Each row runs the same cases overlapped only (no barriered
 run, no oracles), without the observer unless `--observe` (it adds host work between the launches), at DSV4's
-head sizes so that a forward lasts long enough to overlap.
+head sizes so that a forward lasts long enough to overlap. A CUDA campaign tallies the same figure over the cases it
+judges (`summary.json`'s `fast_path_overlap`, `harness/overlap.py`); this script holds the geometry and the mutant.
 
     python benchmarks/fast_path_overlap.py [--target reference|sglang] [--cases N] [--mutant NAME ...]
 """

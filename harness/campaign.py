@@ -40,11 +40,13 @@ from harness.case import GRAPH_CONTRACTS
 from harness.choices import PROFILES
 from harness.coverage import VALUES, Coverage
 from harness.covering import FIRST_CASES, CoverageFirst, covering_cases, unreachable
+from harness.device import DeviceKind
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
 from harness.device.kind import DeviceKind
 from harness.example_db import ScopedDatabase, database_scope, open_database
 from harness.isolation import IsolatedPool, IsolatedRunner
+from harness.overlap import FastPathOverlap
 from harness.sharding import WHOLE, Shard
 from harness.shrink import shrink_failure
 from harness.strategies import PROFILE_BUDGETS, cases, schedules, seed_cases
@@ -130,14 +132,18 @@ class CampaignResult:
     failures: list[CaseResult] = dataclasses.field(default_factory=list)  # --keep-going: each distinct one, shrunk
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, summed over the judged cases
     race_gates: dict[str, int] = dataclasses.field(default_factory=dict)  # CUDA: how the gates opened, counted
+    overlap: FastPathOverlap = dataclasses.field(default_factory=FastPathOverlap)  # CUDA: the fast path, in time
     jobs: int = 1  # cases judged at once, each in its own child
     waited_s: float = 0.0  # --jobs: the seconds this process waited for its children's cases
 
     def add_phases(self, judged) -> None:
+        """What a judged case adds to the campaign's figures (also one tried while shrinking: it took the time and
+        ran on the device): its phases' seconds, how its race gates opened, its batches' measured overlap."""
         for name, seconds in judged.phases().items():
             self.phases[name] = self.phases.get(name, 0.0) + seconds
         for way in judged.gate_openings():
             self.race_gates[way] = self.race_gates.get(way, 0) + 1
+        self.overlap.add(judged.batch_overlaps())
 
     def time_breakdown(self) -> dict[str, float]:
         """Where the campaign's `duration_s` went: each judged case's phases (`findings.PHASES`, and
@@ -178,6 +184,7 @@ class CampaignResult:
             "coverage": self.coverage.to_dict(),
             "time": self.time_breakdown(),
             "race_gates": dict(self.race_gates),
+            "fast_path_overlap": self.overlap.to_dict(timed=DeviceKind(self.device).real_concurrency),
             "jobs": self.jobs,
         }
 

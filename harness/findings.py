@@ -13,7 +13,8 @@ import torch
 from harness.case import Case
 from harness.hb import Conflict, TimelineEntry
 from harness.observe import UndeclaredAccess
-from harness.probe import ProbeRecord
+from harness.overlap import BatchOverlap
+from harness.probe import ProbeRecord, Publish, noted
 from harness.world import BatchWorld
 
 
@@ -78,6 +79,13 @@ class CaseResult:
     def gate_openings(self) -> list[str]:
         """How each race gate of the overlapped run opened (CUDA, `harness.device.gates`)."""
         return [gate["opened_by"] for gate in self.overlapped.race_window.get("gates", ())]
+
+    def batch_overlaps(self) -> list[BatchOverlap]:
+        """The overlapped run's batches as the campaign tallies them (`harness.overlap`): whether the target
+        published read-done (its `Publish` note, not the design's expectation: the figure is what publishing
+        bought), and the measured overlap."""
+        run = self.overlapped
+        return [BatchOverlap(noted(notes, Publish), ms) for notes, ms in zip(run.notes, run.overlap_ms)]
 
     def phases(self) -> dict[str, float]:
         """Where this case's `seconds` went (PHASES): the forwards include the device's execution of them;

@@ -37,6 +37,7 @@ from harness.case import Case
 from harness.device import context_error
 from harness.engine import Finding, replay_command, run_case
 from harness.errors import EnvironmentBroken, HarnessError, InvalidArgument
+from harness.overlap import BatchOverlap
 from harness.targets import REFERENCE, TargetSpec
 from harness.validation import check_positive
 
@@ -58,6 +59,7 @@ class IsolatedResult:
     outcome: str = "judged"  # or "crash", "hang"
     case_phases: dict = dataclasses.field(default_factory=dict)  # the child's CaseResult.phases()
     openings: list = dataclasses.field(default_factory=list)  # the child's CaseResult.gate_openings()
+    overlaps: list[BatchOverlap] = dataclasses.field(default_factory=list)  # the child's CaseResult.batch_overlaps()
 
     def phases(self) -> dict[str, float]:
         """The child's phases, and `isolation`: the rest of the round trip (the request, the answer, a
@@ -66,6 +68,9 @@ class IsolatedResult:
 
     def gate_openings(self) -> list[str]:
         return list(self.openings)
+
+    def batch_overlaps(self) -> list[BatchOverlap]:
+        return list(self.overlaps)
 
 
 class _Timeout(Exception):
@@ -121,7 +126,7 @@ class IsolatedRunner:
             findings = with_context_loss(findings, answer["context_error"])
         return IsolatedResult(case, findings, answer["replay"], time.perf_counter() - started,
                               "crash" if answer.get("context_error") else "judged", answer["phases"],
-                              answer["gate_openings"])
+                              answer["gate_openings"], [BatchOverlap(**batch) for batch in answer["batch_overlaps"]])
 
     def end_input(self) -> None:
         """Tells the child there is no further case: its loop ends and it exits, in its own time."""
@@ -312,7 +317,8 @@ def _serve(request: dict) -> dict:
         kind = next(c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS or c is HarnessError)
         return {"error": {"type": kind, "message": str(exc)}}
     answer = {"findings": [dataclasses.asdict(f) for f in result.findings], "replay": result.replay,
-              "phases": result.phases(), "gate_openings": result.gate_openings()}
+              "phases": result.phases(), "gate_openings": result.gate_openings(),
+              "batch_overlaps": [dataclasses.asdict(batch) for batch in result.batch_overlaps()]}
     lost = context_error(request["device"])
     if lost:  # a sticky CUDA error: every later case in this process would fail
         answer["context_error"] = lost

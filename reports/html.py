@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from harness.overlap import describe as describe_overlap
 from reports import plots
 from reports.folder import SANITIZER_RAW_DIR, ReportFolder, time_rows
 from reports.junit import flatten
@@ -76,12 +77,24 @@ def _gpu_title(gpu: dict, index: int) -> str:
     return f"GPU {index}"
 
 
+def _overlap_context(tally: dict | None, with_plots: bool) -> dict | None:
+    """The fast path's measured overlap (summary.json's `fast_path_overlap`): its line, a row per group of batches
+    and the histogram; None for a summary written before it was measured."""
+    if tally is None:
+        return None
+    rows = [] if "unmeasured" in tally else [("published read-done", tally["publishing"]),
+                                               ("did not publish", tally["not_publishing"])]
+    return {"line": describe_overlap(tally), "rows": rows,
+            "plot": plots.fast_path_overlap(tally) if with_plots else None}
+
+
 def _campaign_context(summary: dict, with_plots: bool = True) -> dict:
     log = (summary.get("cases_log") or []) if with_plots else []
     telemetry = summary.get("telemetry")
     return {
         "summary": summary,
         "time": time_rows(summary.get("time") or {}),
+        "overlap": _overlap_context(summary.get("fast_path_overlap"), with_plots),
         "groups": group_findings(summary["findings"]),
         "plots": [p for p in (plots.cases_over_time(log), plots.geometry(log)) if p],
         "telemetry": None if telemetry is None else {

@@ -7,7 +7,9 @@ with exit 2 naming the folder, and nothing is written. Then:
 - campaigns (`summary.json`): cases add up, findings are merged by their replay command (one bug
   found by two shards is one finding), the per-case logs are joined in the order the cases finished,
   and each source's shard, GPU, cases and rate are listed under `workers`; a shard given twice is
-  refused, a missing one is recorded (the page then cannot vouch for the whole stream);
+  refused, a missing one is recorded (the page then cannot vouch for the whole stream); the fast
+  path's measured overlap adds its counts, and its median is the pooled values' (a median of medians
+  is no median);
 - kill tables: the rows of a partition of the mutants, each mutant once; the clean reference's
   cases and findings add up;
 - sanitizer runs: the results, each (tool, case) once;
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from harness.coverage import merge_tables
 from harness.errors import InvalidArgument
+from harness.overlap import merge as merge_overlaps
 from reports.cli import render_folder
 from reports.folder import EXAMPLES, PYTEST_JUNIT, ReportFolder, load_folder
 from reports.junit import CAMPAIGN, MUTANTS as JUNIT_MUTANTS, SANITIZER as JUNIT_SANITIZER
@@ -123,6 +126,9 @@ def merge_summaries(sources: list[tuple[str, dict]], *, duration_s: float | None
     if gates:  # how the CUDA race gates opened, counted over the sources
         merged["race_gates"] = {way: sum(g.get(way, 0) for g in gates) for way in dict.fromkeys(
             way for g in gates for way in g)}
+    overlaps = [s["fast_path_overlap"] for _, s in sources if s.get("fast_path_overlap")]
+    if overlaps:  # counts added, the median of the pooled values (harness/overlap.py merge)
+        merged["fast_path_overlap"] = merge_overlaps(overlaps)
     telemetry = [s["telemetry"] for _, s in sources if s.get("telemetry")]
     if any(t["gpus"] for t in telemetry):
         merged["telemetry"] = {"gpus": [g for t in telemetry for g in t["gpus"]],

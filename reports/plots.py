@@ -70,14 +70,14 @@ def geometry(log: list[dict]) -> str | None:
                          "Geometry covered (area: number of cases)", "geometry")
 
 
-def _counted_axes(fig, ax, xlabel: str, ylabel: str, title: str, name: str) -> str:
-    """A scatter whose y axis counts things: integer ticks, a light grid, the legend top left."""
+def _counted_axes(fig, ax, xlabel: str, ylabel: str, title: str, name: str, legend: str = "upper left") -> str:
+    """A plot whose y axis counts things: integer ticks, a light grid, the legend where `legend` says (top left)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
+    ax.legend(loc=legend)
     return _svg(fig, name)
 
 
@@ -108,6 +108,28 @@ def detection_times(rows: list[dict]) -> str | None:
     ax.set_title("Detection time per mutant")
     ax.grid(axis="x", alpha=0.3)
     return _svg(fig, "mutants")
+
+
+def fast_path_overlap(tally: dict) -> str | None:
+    """How long before the forward's end the scheduler started on each batch's result (summary.json's
+    `fast_path_overlap`): a histogram per group, publishing read-done or not, with the forward's end and the
+    overlapped threshold marked. None when nothing was measured (the simulator)."""
+    groups = [(name, colour, tally[key]["values_ms"]) for key, name, colour in (
+        ("publishing", "published read-done", CLEAN_COLOUR), ("not_publishing", "did not publish", NEUTRAL))
+        if "unmeasured" not in tally and tally[key]["values_ms"]]
+    if not groups:
+        return None
+    fig = _figure(width=6)
+    ax = fig.add_subplot()
+    values = [v for _, _, kept in groups for v in kept]
+    span = (min(values + [0.0]), max(values + [tally["overlapped_above_ms"]]))  # both marks in view
+    for name, colour, kept in groups:
+        ax.hist(kept, bins=40, range=span, color=colour, alpha=0.6, label=f"{name} ({len(kept)})")
+    ax.axvline(0.0, color="#333333", linewidth=1, label="the forward's end")
+    ax.axvline(tally["overlapped_above_ms"], color=FOUND_COLOUR, linewidth=1, linestyle="--",
+               label=f"overlapped: more than {tally['overlapped_above_ms']:g} ms")
+    return _counted_axes(fig, ax, "ms the scheduler started before the forward ended", "batches",
+                         "The fast path in time", "overlap", legend="best")
 
 
 def _roofline_ms(row: dict) -> float | None:

@@ -176,6 +176,43 @@ Telemetry = one_of(_telemetry_shape, {"<records per GPU>": GpuTelemetry, "<one N
                    "has neither 'gpus' (records per GPU) nor 'available' (one NVML record)")
 
 
+class OverlapGroup(Record):
+    """The batches of one kind (publishing read-done or not) of a campaign's overlapped runs, with how long before
+    the forward's end the scheduler started on each one's result (harness/overlap.py OverlapGroup.to_dict)."""
+
+    batches: int
+    measured: int
+    overlapped: int  # measured more than `overlapped_above_ms` before the forward's end
+    min_ms: float | None
+    median_ms: float | None  # of values_ms
+    max_ms: float | None
+    values_ms: list[float]  # the measured values, the first harness/overlap.py KEPT_VALUES of them
+
+
+class MeasuredOverlap(Record):
+    """The fast path's overlap, measured (CUDA)."""
+
+    overlapped_above_ms: float
+    publishing: OverlapGroup
+    not_publishing: OverlapGroup
+
+
+class UnmeasuredOverlap(Record):
+    """The fast path's overlap, not measured, and why (the simulator has no clock)."""
+
+    unmeasured: str
+
+
+def _overlap_shape(value) -> str | None:
+    if isinstance(value, dict):
+        return "<measured>" if "publishing" in value else "<unmeasured>" if "unmeasured" in value else None
+    return None
+
+
+FastPathOverlap = one_of(_overlap_shape, {"<measured>": MeasuredOverlap, "<unmeasured>": UnmeasuredOverlap},
+                         "has neither 'publishing' (measured) nor 'unmeasured' (why it was not)")
+
+
 class Summary(Record):
     """A campaign."""
 
@@ -206,6 +243,7 @@ class Summary(Record):
     coverage: Coverage | None = None
     time: dict[str, float] | None = None  # seconds per phase
     race_gates: dict[str, int] | None = None  # how the CUDA race gates opened, counted
+    fast_path_overlap: FastPathOverlap | None = None  # how long before the forward's end the scheduler started
     jobs: int | None = None
     cuda_visible_devices: str | None = None
     telemetry: Telemetry | None = None

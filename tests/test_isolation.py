@@ -14,14 +14,16 @@ import time
 from dataclasses import asdict
 
 import pytest
+from test_fast_path import judged_with_overlaps
 
-from harness import cli
+from harness import cli, isolation
 from harness.case import Batch, Case, Mutation, Request
 from harness.engine import replay_command, run_case
 from harness.errors import EnvironmentBroken, InvalidArgument
 from harness.findings import Finding
 from harness.isolation import IsolatedRunner, _exit_status, _serve, with_context_loss
 from harness.mutants.corpus import mutant_target
+from harness.overlap import BatchOverlap
 from harness.targets import ReferenceTarget, Target, TargetSpec
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
@@ -83,11 +85,23 @@ def test_a_judged_case_round_trips_the_in_process_findings(runner):
     assert found.outcome == "judged" and found.findings
     assert [asdict(f) for f in found.findings] == [asdict(f) for f in here.findings]
     assert found.replay == here.replay
+    assert found.batch_overlaps() == here.batch_overlaps() == [BatchOverlap(published=True, ms=None)]
     clean = runner.run_case(PLAIN, "cpu", oracles=frozenset({"differential"}))
     assert (clean.outcome, clean.findings) == ("judged", [])
     phases = clean.phases()  # the child's phases, and the rest of the round trip
     assert phases["world"] > 0 and phases["oracles"] > 0 and phases["isolation"] >= 0
     assert abs(sum(phases.values()) - clean.seconds) < 1e-6 + 0.01 * clean.seconds
+
+
+def test_the_childs_answer_carries_each_batchs_measured_overlap(monkeypatch):
+    """What a CUDA child measured reaches the campaign (`harness.overlap`) as the in-process case gives it."""
+    measured = judged_with_overlaps((True, 0.8), (False, -0.01), (True, None))
+    monkeypatch.setattr(isolation, "run_case", lambda *args, **kwargs: measured)
+    request = {"case": PLAIN.to_json(), "device": "cpu", "schedule": "adversarial", "oracles": None,
+               "target_spec": TargetSpec().to_dict()}
+    answer = json.loads(json.dumps(_serve(request)))
+    assert answer["batch_overlaps"] == [{"published": True, "ms": 0.8}, {"published": False, "ms": -0.01},
+                                        {"published": True, "ms": None}]
 
 
 def test_the_childs_refusals_are_the_harness_errors_they_were(runner):

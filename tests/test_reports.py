@@ -16,6 +16,7 @@ from harness.cli import main
 from harness.engine import run_case
 from harness.errors import InvalidArgument, describe_internal_error
 from harness.mutants.corpus import mutant_target
+from harness.overlap import BatchOverlap, FastPathOverlap
 from reports import junit
 from reports.cli import render_folder
 from reports.folder import ReportError, load_folder
@@ -219,6 +220,27 @@ def test_the_page_counts_the_race_gates_and_a_count_that_is_not_a_number_is_refu
     assert 'id="race-gates"' not in render_html(load_folder(write_folder(tmp_path / "cpu", summary_json=summary())))
     with pytest.raises(InvalidArgument, match="race_gates.awaited"):
         load_folder(write_folder(tmp_path / "bad", summary_json={**summary(), "race_gates": {"awaited": "many"}}))
+
+
+def test_the_page_shows_the_fast_path_overlap_as_a_line_a_table_and_a_figure_or_why_it_was_not_measured(tmp_path):
+    tally = FastPathOverlap()
+    tally.add([BatchOverlap(True, 0.61), BatchOverlap(True, 0.02), BatchOverlap(True, 0.45), BatchOverlap(False, -0.01)])
+    measured = tally.to_dict(timed=True)
+    page = render_html(load_folder(write_folder(tmp_path / "cuda", summary_json={**summary(),
+                                                                                 "fast_path_overlap": measured})))
+    section = page[page.index('id="fast-path-overlap"'):page.index("</figure>", page.index('id="fast-path-overlap"'))]
+    assert ("the scheduler started 0.450 ms before the forward ended on a publishing batch (median; "
+            "min 0.020, max 0.610 ms before the end), more than 0.05 ms before on 2 of 3 publishing batches") in section
+    assert "<td>published read-done</td><td>3</td><td>3</td><td>2</td><td>0.02</td><td>0.45</td><td>0.61</td>" in section
+    assert "<svg" in section and "The fast path in time" in section
+    cpu = render_html(load_folder(write_folder(tmp_path / "cpu", summary_json={
+        **summary(), "fast_path_overlap": FastPathOverlap().to_dict(timed=False)})))
+    section = cpu[cpu.index('id="fast-path-overlap"'):cpu.index("</p>", cpu.index("not measured"))]
+    assert "not measured: the device has no clock" in section and "<table>" not in section and "<svg" not in section
+    assert 'id="fast-path-overlap"' not in render_html(load_folder(write_folder(tmp_path / "old", summary_json=summary())))
+    with pytest.raises(InvalidArgument, match="fast_path_overlap.publishing.measured"):
+        load_folder(write_folder(tmp_path / "bad", summary_json={
+            **summary(), "fast_path_overlap": {**measured, "publishing": {**measured["publishing"], "measured": "3"}}}))
 
 
 def test_the_page_says_how_many_cases_were_judged_at_once_and_refuses_a_count_that_is_not_one(tmp_path):

@@ -12,9 +12,11 @@ from test_reports import finding, mutant_row, san_result, sanitizer, summary, wr
 from harness.cli import main
 from harness.errors import InvalidArgument
 from harness.mutants.corpus import MUTANTS
+from harness.overlap import BatchOverlap, FastPathOverlap
 from harness.sharding import Shard
 from reports.folder import load_folder
 from reports.merge import merge_folders, merge_summaries
+from reports.schema import SUMMARY, check_written
 
 pytest_plugins = ["pytester"]
 
@@ -76,6 +78,31 @@ def test_the_race_gates_openings_are_summed_over_the_parts():
                               ("b", shard_summary(2, 2, race_gates={"awaited": 1, "leaked": 1}))])
     assert merged["race_gates"] == {"awaited": 3, "deadline": 1, "leaked": 1}
     assert "race_gates" not in merge_summaries([("a", shard_summary(1, 2)), ("b", shard_summary(2, 2))])
+
+
+def overlap_tally(publishing: list[float], not_publishing: list[float]) -> dict:
+    tally = FastPathOverlap()
+    tally.add([BatchOverlap(True, ms) for ms in publishing] + [BatchOverlap(False, ms) for ms in not_publishing])
+    return tally.to_dict(timed=True)
+
+
+def test_the_fast_path_overlap_adds_its_counts_and_takes_the_median_of_the_pooled_values():
+    """A median of the shards' medians (0.2 and 0.35) is no median: the merge pools the values (0.3)."""
+    unmeasured = {"unmeasured": "no clock"}
+    merged = merge_summaries([
+        ("a", shard_summary(1, 3, fast_path_overlap=overlap_tally([0.1, 0.2, 0.9], [-0.02]))),
+        ("b", shard_summary(2, 3, fast_path_overlap=overlap_tally([0.3, 0.4], []))),
+        ("c", shard_summary(3, 3, fast_path_overlap=unmeasured))])  # measured nothing: adds nothing
+    assert merged["fast_path_overlap"] == {
+        "overlapped_above_ms": 0.05,
+        "publishing": {"batches": 5, "measured": 5, "overlapped": 5, "min_ms": 0.1, "median_ms": 0.3, "max_ms": 0.9,
+                       "values_ms": [0.1, 0.2, 0.9, 0.3, 0.4]},
+        "not_publishing": {"batches": 1, "measured": 1, "overlapped": 0, "min_ms": -0.02, "median_ms": -0.02,
+                           "max_ms": -0.02, "values_ms": [-0.02]}}
+    check_written(SUMMARY, json.dumps(merged))
+    both = [("a", shard_summary(1, 2, fast_path_overlap=unmeasured)), ("b", shard_summary(2, 2, fast_path_overlap=unmeasured))]
+    assert merge_summaries(both)["fast_path_overlap"] == unmeasured
+    assert "fast_path_overlap" not in merge_summaries([("a", shard_summary(1, 2)), ("b", shard_summary(2, 2))])
 
 
 def test_the_workers_jobs_reach_the_merged_summary():

@@ -16,6 +16,7 @@ from harness.device import DeviceKind, resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
 from harness.example_db import check_shared
 from harness.interrupts import stop_on_signals
+from harness.overlap import describe as describe_overlap
 from harness.oracles import oracle_names, parse_oracles
 from harness.progress import NORMAL, QUIET, VERBOSE, CampaignProgress
 from harness.sharding import Shard
@@ -128,6 +129,9 @@ def _print_result(args, summary: dict, *, config: CampaignConfig, target, report
         print(f"  race gates: {gate_counts(gates)}")
     for warning in gate_warnings(gates):
         print(f"  warning: {warning}", file=sys.stderr)
+    overlap = summary.get("fast_path_overlap")
+    if overlap and DeviceKind(config.device).real_concurrency and not args.quiet:
+        print(f"  fast path: {describe_overlap(overlap)}")
     if summary.get("coverage") and not args.quiet:
         print(f"  coverage: {describe_coverage(summary['coverage'])}")
     for replay, findings in failures.items():
