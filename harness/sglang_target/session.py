@@ -286,7 +286,7 @@ class SglangSession(ReferenceSession):
     def __init__(self, api, case: Case, device):
         if case.semantics != api.semantics:
             raise InvalidArgument(f"case semantics={case.semantics.value!r}: the installed {api.describe()} implements "
-                                  f"--semantics {api.semantics} only")
+                                  f"semantics={api.semantics.value!r} only")
         api.check_device(device.kind)
         if case.flags.cp_active and not api.generation.runs_cp:
             raise InvalidArgument(f"case flags.cp_active=true: the installed {api.describe()} shards a CP batch "
