@@ -152,12 +152,17 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: flo
     return out, max_logits, lse.masked_fill(lonely, math.inf)
 
 
-def _counted_columns(valid: torch.Tensor) -> torch.Tensor:
-    """The index columns [topk] some query counts: a column no query counts adds nothing to any output, so
-    it is dropped before the keys are gathered (the first is kept where none counts: rows need a column)."""
+def _counted_columns(idx: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The index columns [topk] some query counts, with their validity: a column no query counts adds nothing
+    to any output, so on the CPU it is dropped before the keys are gathered (the first is kept where none
+    counts: rows need a column). On CUDA every column is kept: which ones to drop is known only on the host,
+    and reading it there waits for the forward stream, so the host could not issue the forward ahead of the GPU
+    and the scheduler's work after the read-done event could not overlap the forward's tail (issue 30's figure)."""
+    if valid.is_cuda:
+        return idx, valid
     used = valid.any(dim=0)
     used[0] |= not bool(used.any())
-    return used
+    return idx[:, used], valid[:, used]
 
 
 def _row_chunks(rows: int, keys_per_row: int):
@@ -201,8 +206,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
     counted = (every_idx >= 0) & (every_idx < s_kv)
     if topk_length is not None:
         counted &= torch.arange(topk, device=q.device)[None, :] < topk_length[:, None]
-    used = _counted_columns(counted)
-    every_idx, counted = every_idx[:, used], counted[:, used]
+    every_idx, counted = _counted_columns(every_idx, counted)
     for rows in _row_chunks(s_q, every_idx.shape[1] * d_qk):
         idx, valid = every_idx[rows], counted[rows]
         if s_kv:
@@ -273,8 +277,8 @@ def _v4_scope(name: str, k_cache, indices, topk_length, b: int, s_q: int):
         bad = valid & ((indices < 0) | (indices >= capacity))
         _require(not bool(bad.any()), f"indices of {name} outside [-1, {capacity}) at {bad.nonzero()[:4].tolist()}")
     indices, valid = indices.reshape(b * s_q, topk), valid.reshape(b * s_q, topk)
-    used = _counted_columns(valid)
-    return pages, k_cache.shape[1], indices[:, used], valid[:, used]
+    indices, valid = _counted_columns(indices, valid)
+    return pages, k_cache.shape[1], indices, valid
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
