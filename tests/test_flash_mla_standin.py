@@ -200,6 +200,23 @@ def test_sparse_prefill_never_reads_a_skipped_key():
     assert not out.isnan().any() and not lse.isnan().any() and not max_logits.isnan().any()
 
 
+@pytest.mark.gpu
+def test_sparse_prefill_on_cuda_matches_the_contract_without_a_host_sync():
+    """The kernel runs ahead of the host: a stand-in that read its inputs on the host in every layer held the host
+    to the GPU, so the scheduler's work could never overlap the forward's tail (issue 30's figure). torch's sync
+    debug mode raises on any synchronizing call."""
+    q, kv, indices, attn_sink, topk_length = prefill_inputs(5, 80, 3, "finite", True)
+    on_gpu = [t.cuda() for t in (q, kv, indices, attn_sink, topk_length)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, _, lse = fm.flash_mla_sparse_fwd(*on_gpu[:3], 80 ** -0.5, 64, *on_gpu[3:], use_legacy=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref_out, _, ref_lse = ref_sparse_prefill(q, kv, indices, 80 ** -0.5, 64, attn_sink, topk_length)
+    torch.testing.assert_close(out.cpu().double(), ref_out, rtol=2**-7, atol=1e-4)
+    torch.testing.assert_close(lse.cpu().double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
 def test_sparse_prefill_checks_the_kernels_inputs():
     q, kv, indices, attn_sink, _ = prefill_inputs(4, 64, 2, "finite", True)
     with pytest.raises(ValueError, match="indices must be torch.int32"):
