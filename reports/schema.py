@@ -58,6 +58,13 @@ def one_of(shape: Callable[[Any], str | None], choices: dict[str, Any], neither:
                      Discriminator(shape, custom_error_type=SHAPE_ERROR, custom_error_message=neither)]
 
 
+def marked_by(keys: dict[str, str]) -> Callable[[Any], str | None]:
+    """The shape of an object told by the first of `keys` it holds (key -> the shape's name), None for any other."""
+    def shape(value) -> str | None:
+        return next((name for key, name in keys.items() if key in value), None) if isinstance(value, dict) else None
+    return shape
+
+
 # -- summary.json: harness/campaign.py CampaignResult.summary, the fields harness/commands/run.py adds, and
 #    reports/merge.py merge_summaries; also replay-summary.json and a triage's campaign -------------------
 
@@ -166,13 +173,8 @@ class GpuTelemetry(Record):
     reasons: list[str]
 
 
-def _telemetry_shape(value) -> str | None:
-    if isinstance(value, dict):
-        return "<records per GPU>" if "gpus" in value else "<one NVML record>" if "available" in value else None
-    return None
-
-
-Telemetry = one_of(_telemetry_shape, {"<records per GPU>": GpuTelemetry, "<one NVML record>": NvmlRecord},
+Telemetry = one_of(marked_by({"gpus": "<records per GPU>", "available": "<one NVML record>"}),
+                   {"<records per GPU>": GpuTelemetry, "<one NVML record>": NvmlRecord},
                    "has neither 'gpus' (records per GPU) nor 'available' (one NVML record)")
 
 
@@ -203,13 +205,8 @@ class UnmeasuredOverlap(Record):
     unmeasured: str
 
 
-def _overlap_shape(value) -> str | None:
-    if isinstance(value, dict):
-        return "<measured>" if "publishing" in value else "<unmeasured>" if "unmeasured" in value else None
-    return None
-
-
-FastPathOverlap = one_of(_overlap_shape, {"<measured>": MeasuredOverlap, "<unmeasured>": UnmeasuredOverlap},
+FastPathOverlap = one_of(marked_by({"publishing": "<measured>", "unmeasured": "<unmeasured>"}),
+                         {"<measured>": MeasuredOverlap, "<unmeasured>": UnmeasuredOverlap},
                          "has neither 'publishing' (measured) nor 'unmeasured' (why it was not)")
 
 
