@@ -1,9 +1,9 @@
 """The fuzz campaign: hypothesis draws cases, every case is judged, a failure shrinks and replays.
 
 Profiles (`harness.choices.PROFILES`): ``dev`` (small, local database), ``ci`` (derandomized: one fixed
-stream, `FIXED_STREAM_SEED`, no database, 200 examples), ``nightly`` (large and random). The example database lives in the report
-folder, so a nightly failure replays from it; shared databases (`harness.example_db`) make it replay
-on other hosts too.
+stream, `FIXED_STREAM_SEED`, no database, 200 examples), ``nightly`` (large and random). The example
+database lives in the report folder, so a nightly failure replays from it; shared databases
+(`harness.example_db`) make it replay on other hosts too.
 
 A campaign with a database runs in two passes: first the failures stored in the database, replayed
 by every shard; then the case stream, of which a shard (`harness.sharding`) judges only its own
@@ -43,7 +43,6 @@ from harness.covering import FIRST_CASES, CoverageFirst, covering_cases, unreach
 from harness.device import DeviceKind
 from harness.engine import CaseResult, Finding, run_case
 from harness.errors import InvalidArgument
-from harness.device.kind import DeviceKind
 from harness.example_db import ScopedDatabase, database_scope, open_database
 from harness.isolation import IsolatedPool, IsolatedRunner
 from harness.overlap import FastPathOverlap

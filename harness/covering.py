@@ -148,7 +148,8 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
     batches = [first if aim.graph is None else replace(first, graph=aim.graph)]
     if aim.between:
         bucket = graph_bucket(first.num_tokens)
-        other = draw(REPLAYABLE.filter(lambda reqs: graph_bucket(sum(r.extend_len for r in reqs)) not in (None, bucket)))
+        other = draw(REPLAYABLE.filter(
+            lambda reqs: graph_bucket(sum(r.extend_len for r in reqs)) not in (None, bucket)))
         batches.append(replace(draw(batch(hisparse=f.hisparse, reqs=other, modes=_REUSING_MODES,
                                           kinds_on=set(aim.kinds))), graph=True))
     if aim.reuse:

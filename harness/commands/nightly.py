@@ -20,7 +20,8 @@ def run(args) -> int:
         raise InvalidArgument(f"--shard={args.shard} needs --seed S, the same on every host, so that the hosts' "
                               "campaigns are parts of one case stream")
     example_dbs = tuple(check_shared(spec, "--example-db") for spec in args.example_db)
-    device = resolve_device(args.device, option="--device")  # no GPU on --device cuda: exit 3 now, not four failed steps later
+    # no GPU on --device cuda: exit 3 now, not four failed steps later
+    device = resolve_device(args.device, option="--device")
     skip = args.skip
     if shard.index > 1:
         print(f"[sanitize] runs in shard 1 of {shard.count} only")

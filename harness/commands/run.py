@@ -130,7 +130,7 @@ def _print_result(args, summary: dict, *, config: CampaignConfig, target, report
     for warning in gate_warnings(gates):
         print(f"  warning: {warning}", file=sys.stderr)
     overlap = summary.get("fast_path_overlap")
-    if overlap and DeviceKind(config.device).real_concurrency and not args.quiet:
+    if overlap and config.device.real_concurrency and not args.quiet:
         print(f"  fast path: {describe_overlap(overlap)}")
     if summary.get("coverage") and not args.quiet:
         print(f"  coverage: {describe_coverage(summary['coverage'])}")
@@ -160,7 +160,7 @@ def _run_one(args, target, config: CampaignConfig, *, report_dir: Path, stop) ->
     """One campaign in this process; its summary and page replace the folder's in one step."""
     verbosity = QUIET if args.quiet else VERBOSE if args.verbose else NORMAL
     shard = config.shard
-    with TelemetryWindow(required=DeviceKind(config.device).uses_gpus) as window, \
+    with TelemetryWindow(required=config.device.uses_gpus) as window, \
             CampaignProgress(len(range(shard.index - 1, config.max_examples, shard.count)), verbosity=verbosity,
                              every_s=args.progress_every) as progress:
         result = Campaign(target, config, on_case=progress.update, should_stop=stop).run()
@@ -168,7 +168,7 @@ def _run_one(args, target, config: CampaignConfig, *, report_dir: Path, stop) ->
     summary["mutant"] = config.target_spec.mutant
     summary["oracles"] = [name for name in oracle_names()
                           if config.oracles is None or name in config.oracles]  # as they judged
-    summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if DeviceKind(config.device).uses_gpus else None
+    summary["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES") if config.device.uses_gpus else None
     stop.writing()
     name = REPLAY_SUMMARY if config.from_db else SUMMARY  # a replay keeps the nightly's own
     _publish(report_dir, name, summary, keeps_workers=config.from_db)
