@@ -291,6 +291,31 @@ MUTANTS = (
                  "    c4_seq_lens_raw = seq_len // 4\n", "    c4_seq_lens_raw = (seq_len - 1) // 4\n",
                  "metadata init plans one c4 block too few for a query whose position closes a block (the indexer "
                  "never chooses it)"),
+    # -- the verify and decode metadata (issue 27: an eager TARGET_VERIFY batch runs SGLang's ragged verify planning,
+    # a DECODE batch its decode planning, each with the real forward)
+    SourceMutant("verify_seq_lens_not_extended", BACKEND,
+                 "        if is_ragged:\n            seq_lens = seq_lens + extend_seq_lens\n",
+                 "        if is_ragged:\n            seq_lens = seq_lens\n",
+                 "the ragged verify plan forgets to add the verify lengths to the committed lengths: each verify "
+                 "token attends as if the draft tokens before it were not there"),
+    SourceMutant("verify_start_loc_not_staged", BACKEND,
+                 "            self.extend_start_loc_buffer[:bs].copy_(ragged_layout.extend_start_loc)\n", "",
+                 "target-verify metadata init no longer copies the layout's start offsets into the backend's reused "
+                 "buffer: the plan reads whatever offsets the buffer held (zeros, or the last verify batch's)"),
+    SourceMutant("verify_compressor_plans_decode", BACKEND,
+                 "            is_prefill=True,\n            token_to_kv_pool=self.token_to_kv_pool,\n"
+                 "            req_to_token=self.req_to_token,\n            req_pool_indices=req_pool_indices,\n"
+                 "            seq_lens=seq_lens,\n            extend_lens=extend_seq_lens,\n",
+                 "            is_prefill=False,\n            token_to_kv_pool=self.token_to_kv_pool,\n"
+                 "            req_to_token=self.req_to_token,\n            req_pool_indices=req_pool_indices,\n"
+                 "            seq_lens=seq_lens,\n            extend_lens=extend_seq_lens,\n",
+                 "the verify metadata plans the compressors as for a decode step (one token a request): the blocks "
+                 "the other verify tokens complete are not stored"),
+    SourceMutant("decode_excludes_own_token", BACKEND,
+                 "            req_pool_indices_repeated=req_pool_indices,\n            seq_lens_casual=seq_lens,\n",
+                 "            req_pool_indices_repeated=req_pool_indices,\n            seq_lens_casual=seq_lens - 1,\n",
+                 "the decode metadata plans each request's attention one token short: the new token does not see "
+                 "itself (its SWA window ends a token early)"),
     # -- the breakable graph's captured metadata and its replay refresh (issue 27: SGLang captures the bucket and
     # refreshes it; the captured segments read the capture's tensors)
     SourceMutant("refresh_assigns_compress_plan", BACKEND,

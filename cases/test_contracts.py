@@ -167,7 +167,8 @@ def test_pr_era_publish_gates(rule, fields, publishes):
 
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND])
 def test_only_extend_publishes(mode):
-    case = Case(batches=(Batch(mode=mode, requests=(Request(7, 5), Request(4, 1))),))
+    requests = (Request(7, 1), Request(4, 1)) if mode is ForwardMode.DECODE else (Request(7, 5), Request(4, 1))
+    case = Case(batches=(Batch(mode=mode, requests=requests),))
     result = run_case(ReferenceTarget(), case, DEVICE)
     assert not noted(result.overlapped.notes[0], Publish)
     assert not result.findings

@@ -181,6 +181,10 @@ class Case:
                     )
                 if req.seq_len > _LARGE_SEQ:
                     raise InvalidArgument(f"{where}.requests[{j}]: seq_len {req.seq_len} exceeds {_LARGE_SEQ}")
+                if batch.mode is ForwardMode.DECODE and req.extend_len != 1:
+                    raise InvalidArgument(f"{where}.requests[{j}]: extend_len={req.extend_len} in a DECODE batch; "
+                                          "allowed: 1 (a decode step adds one token a request: SGLang's decode "
+                                          "metadata plans one write location a request)")
             for m in batch.mutations:
                 if m.kind not in MUTATION_KINDS:
                     raise InvalidArgument(f"{where}: mutation kind {m.kind!r} is not one of: {', '.join(MUTATION_KINDS)}")

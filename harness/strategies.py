@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
+from harness.case import GRAPH_CONTRACTS, LIMITS, MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
 from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
@@ -151,6 +151,14 @@ REPLAYABLE = st.one_of(requests(min_extend=2), requests(max_requests=2, max_pref
 ANY_REQUESTS = st.one_of(requests(), requests(max_requests=2, max_prefix=300, max_extend=40))
 
 
+def decode_requests(reqs: tuple[Request, ...]) -> tuple[Request, ...]:
+    """The drawn requests as a decode step's: every SGLang decode step adds one token a request, so a drawn request
+    of n new tokens becomes n running requests of one token each, at consecutive lengths. The batch keeps its
+    token count (so its graph bucket, which the coverage aims count on) up to the request limit."""
+    running = [Request(r.prefix_len + i, 1) for r in reqs for i in range(r.extend_len)]
+    return tuple(running[:LIMITS["requests"]])
+
+
 @st.composite
 def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_on=MUTATION_KINDS) -> Batch:
     modes = modes or _MODES
@@ -161,6 +169,8 @@ def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_o
     if mode is ForwardMode.IDLE:  # nothing in flight: the scheduler still rewrites rows of other requests
         reqs = ()
         muts = (Mutation("req_to_token_rewrite", target="other"),)
+    elif mode is ForwardMode.DECODE:
+        reqs = decode_requests(reqs)
     elif mode is ForwardMode.MIXED and all(r.extend_len > 1 for r in reqs):
         reqs = reqs + (Request(draw(st.integers(1, 40)), 1),)  # a running decode request mixed in
     return Batch(mode=mode, requests=reqs, graph=draw(st.booleans()), mutations=muts)
@@ -368,6 +378,7 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
     mut = (Mutation("swa_clear", count=3), Mutation("req_to_token_rewrite"))
     two = (Request(9, 6), Request(2, 3))
     mixed = (Request(9, 6), Request(5, 1))
+    decode = (Request(15, 1), Request(5, 1))
 
     def case(*batches, flags=base, contract="fresh", spec=spec, dims=Dims()):
         return Case(semantics=semantics, spec=spec, flags=flags, dims=dims, batches=batches, graph_contract=contract,
@@ -380,7 +391,7 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
         case(replay),
         case(replay, replay),
         case(replay, Batch(mode=ForwardMode.MIXED, requests=two, graph=True, mutations=mut), contract="bcg"),
-        case(extend, Batch(mode=ForwardMode.DECODE, requests=mixed, mutations=mut)),
+        case(extend, Batch(mode=ForwardMode.DECODE, requests=decode, mutations=mut)),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, graph=True, mutations=mut)),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, mutations=mut)),  # eager: every release runs it as EXTEND
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)),

@@ -69,3 +69,10 @@ def test_impossible_geometry():
         Case(dims=Dims(kv_format="bf16")).validate()
     with pytest.raises(InvalidArgument, match="'fp8_v4' needs head_dim 512"):
         Case(dims=Dims(kv_format="fp8_v4")).validate()
+
+
+def test_a_decode_batch_of_several_tokens_a_request_is_refused():
+    """No SGLang decode step adds more than one token a request: such a case is bad input, named by its field."""
+    case = Case(batches=(Batch(), Batch(mode=ForwardMode.DECODE, requests=(Request(4, 1), Request(3, 2)))))
+    with pytest.raises(InvalidArgument, match=r"batches\[1\]\.requests\[1\]: extend_len=2 in a DECODE batch; allowed: 1"):
+        case.validate()

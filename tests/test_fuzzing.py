@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 
 from harness import kill_table
 from harness.campaign import failure_signature, run_campaign
+from harness.case import LIMITS
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
+from harness.model.enums import ForwardMode
 from harness.mutants.corpus import mutant_target
 from harness.strategies import (CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases,
                                 with_dims)
@@ -64,7 +66,9 @@ def test_drawn_geometry_is_valid_and_within_the_ci_budget(case):
     case.validate()
     for batch in case.batches:
         assert batch.num_tokens * len(case.dims.layer_ratios) * case.dims.heads <= PROFILE_BUDGETS["ci"] + 1
-        assert len(batch.requests) <= 65  # 64 drawn, plus the decode request a MIXED batch gets
+        # 64 drawn, plus the decode request a MIXED batch gets; a DECODE batch has a request for each drawn token
+        assert len(batch.requests) <= (LIMITS["requests"] if batch.mode is ForwardMode.DECODE else 65)
+        assert batch.mode is not ForwardMode.DECODE or {r.extend_len for r in batch.requests} == {1}
 
 
 def test_edges_name_buckets_and_the_threshold():

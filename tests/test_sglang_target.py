@@ -275,6 +275,41 @@ def test_a_decode_plan_one_token_short_is_found(target, harness_device, monkeypa
     assert "float64" in {f.oracle for f in result.findings}, [f.message for f in result.findings]
 
 
+VERIFY_AFTER_EXTEND = Case(dims=DIMS, spec=SpeculativeAlgorithm.DSPARK, batches=(
+    Batch(requests=(Request(3, 5), Request(0, 4))),
+    Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(290, 3), Request(4, 2)),
+          mutations=(Mutation("req_to_token_rewrite"),))))
+
+
+def test_an_eager_verify_batch_runs_sglangs_ragged_verify_init_and_forward(target, harness_device, monkeypatch):
+    """A TARGET_VERIFY batch of unequal verify lengths goes through SGLang's ragged verify planning (the raw verify
+    metadata, made whole in `init_forward_metadata_in_graph`) and its per-layer forward; the backend was built by a
+    server whose draft width is the widest verify request (its verify buffers)."""
+    backend_cls = target.api.backend_cls
+    calls = _counting(monkeypatch, backend_cls, ("init_forward_metadata_target_verify",
+                                                 "make_forward_metadata_from_raw_verify", "forward"))
+    result = run_case(target, VERIFY_AFTER_EXTEND, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    layers, runs = len(DIMS.layer_ratios), 3
+    assert calls["init_forward_metadata_target_verify"] == calls["make_forward_metadata_from_raw_verify"] == runs
+    assert calls["forward"] == 2 * runs * layers  # the EXTEND batch's layers and the verify batch's
+
+
+def test_a_verify_plan_without_the_verify_tokens_is_found(target, harness_device, monkeypatch):
+    """SGLang's raw verify metadata handed on with no verify lengths (each verify token planned as if the draft
+    tokens before it were not there): the real forward reads the shorter plan, and the float64 oracle sees it."""
+    backend_cls = target.api.backend_cls
+    made_whole = backend_cls.make_forward_metadata_from_raw_verify
+
+    def short(self, raw_metadata, *args, **kwargs):
+        raw_metadata.seq_lens = raw_metadata.seq_lens - raw_metadata.extend_seq_lens
+        return made_whole(self, raw_metadata, *args, **kwargs)
+
+    monkeypatch.setattr(backend_cls, "make_forward_metadata_from_raw_verify", short)
+    result = run_case(target, VERIFY_AFTER_EXTEND, harness_device, target_spec=SGLANG)
+    assert "float64" in {f.oracle for f in result.findings}, [f.message for f in result.findings]
+
+
 def test_a_read_the_real_forward_was_not_meant_to_make_is_an_undeclared_access(target, harness_device, monkeypatch):
     """SGLang's forward broken in its own code: every layer's store translates its write locations through the live
     Full-to-SWA mapping. No declaration names that read; the observer sees it, names SGLang's line, and the tracker

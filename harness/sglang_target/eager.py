@@ -1,4 +1,5 @@
-"""An eager EXTEND or DECODE batch of the sglang target through SGLang's real DSV4 backend, on the harness's device.
+"""An eager EXTEND, DECODE or TARGET_VERIFY batch of the sglang target through SGLang's real DSV4 backend, on the
+harness's device.
 
 SGLang's eager runner (`EagerRunner._execute_extend`) calls the backend's `init_forward_metadata`, then its
 resolver (`resolve_prefill_shared_read_ends`, which may build the sparse-prefill chunk cache), publishes, and

@@ -36,10 +36,15 @@ from harness.errors import EnvironmentBroken
 SIM_BACKEND = "streamsim"  # torch's device-string parser takes letters only
 CP_SIZE = 2  # the CP width the harness models when a case turns CP on
 
-# A server of one attention-TP rank with the harness's CP width, consistent as SGLang checks on every override:
-# tp = attn_tp * attn_dp * attn_cp = moe_ep * moe_dp * moe_tp.
-_PARALLEL = {"attn_dcp_size": 1, "pp_size": 1, "attn_cp_size": CP_SIZE, "attn_tp_size": 1, "tp_size": CP_SIZE,
-             "moe_tp_size": CP_SIZE, "moe_ep_size": 1, "moe_dp_size": 1}
+
+
+def _parallel(cp_size: int) -> dict:
+    """A server of one attention-TP rank and `cp_size` CP ranks, consistent as SGLang checks on every override:
+    tp = attn_tp * attn_dp * attn_cp = moe_ep * moe_dp * moe_tp. A case that turns CP on runs on a server of the
+    harness's CP width, any other on a server without CP (which SGLang's ragged verify planning requires)."""
+    return {"attn_dcp_size": 1, "pp_size": 1, "attn_cp_size": cp_size, "attn_tp_size": 1, "tp_size": cp_size,
+            "moe_tp_size": cp_size, "moe_ep_size": 1, "moe_dp_size": 1}
+
 # The attention-DP width's override name: `num_dp_ranks` in 0.5.23, `attn_dp_size` before.
 _DP_WIDTH_NAMES = ("num_dp_ranks", "attn_dp_size")
 
@@ -319,7 +324,7 @@ def sglang_config(api, case: Case) -> Iterator[None]:
         stack.enter_context(runtime.get_memory().override(
             enable_hierarchical_cache=flags.hierarchical_cache,
             hicache_storage_backend="file" if flags.hicache_storage else None, enable_lmcache=flags.lmcache))
-        parallel = {**_PARALLEL, **one_dp_rank(api)}
+        parallel = {**_parallel(CP_SIZE if flags.cp_active else 1), **one_dp_rank(api)}
         if "enable_cp_tp_group_sharing" in _parallel_fields(api):  # 0.5.23: the model owns the CP row layout
             parallel["enable_cp_tp_group_sharing"] = flags.cp_active
         stack.enter_context(runtime.get_parallel().override(**parallel))

@@ -53,6 +53,7 @@ import importlib.util
 import sys
 from collections.abc import Iterator, Sequence
 from types import MappingProxyType, SimpleNamespace
+from typing import Optional
 
 import torch
 
@@ -72,6 +73,8 @@ _RADIX = "sglang.srt.layers.radix_attention"
 _INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
 _FLASH_MLA_WRAPPER = "sglang.kernels.ops.attention.flash_mla_interface"
 _NGRAM = "sglang.srt.model_executor.model_runner_components.ngram_embedding_manager"
+_RAGGED = "sglang.srt.speculative.ragged_verify"
+_DFLASH_INFO = "sglang.srt.speculative.dflash_info"
 
 _prepared: list[str] = []
 
@@ -121,7 +124,8 @@ def stand_in_rows(api) -> list[dict]:
 def switches(api) -> Iterator[None]:
     """SGLang's switches for a host without DeepGEMM and the JIT top-k planner (see the module's docstring)."""
     envs = api.mods["environ"].envs
-    with envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.override(True), envs.SGLANG_OPT_USE_TOPK_V2.override(False):
+    with envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.override(True), envs.SGLANG_OPT_USE_TOPK_V2.override(False), \
+            envs.SGLANG_RAGGED_VERIFY_MODE.override("compact"):
         yield
 
 
@@ -134,12 +138,13 @@ def fixed_dims(api) -> MappingProxyType:
 class RealDsv4:
     """The real `DeepSeekV4TokenToKVPool`, `ReqToTokenPool` and `DeepseekV4AttnBackend`, built by their `__init__`s,
     reading the caller's `req_to_token` [rows, context] int32 and full->SWA mapping int64 (the very tensors: a
-    mutation of them is what SGLang reads next). `full_size`: the full KV slots the caller's tables address; the
+    mutation of them is what SGLang reads next). `draft_tokens`: the speculative server's draft width (the most
+    tokens a verify batch has a request), None without speculative decoding. `full_size`: the full KV slots the caller's tables address; the
     compressed pools hold one entry per ratio block of them (c4 slot = full slot // 4, c128 slot = // 128)."""
 
     def __init__(self, api, *, req_to_token: torch.Tensor, full_to_swa: torch.Tensor, full_size: int,
                  swa_size: int, layer_ratios: Sequence[int], heads: int, spec_algorithm,
-                 hisparse: bool = False, device: str = "cpu"):
+                 draft_tokens: Optional[int] = None, hisparse: bool = False, device: str = "cpu"):
         if req_to_token.dtype != torch.int32 or full_to_swa.dtype != torch.int64:
             raise ValueError("req_to_token must be int32 and full_to_swa int64, as SGLang allocates them")
         if full_size % PAGE_SIZE:
@@ -169,7 +174,9 @@ class RealDsv4:
         # without n-gram embeddings (DSV4): off. The graph runner's capture reads it.
         self.ngram_embedding_manager = importlib.import_module(_NGRAM).NgramEmbeddingManager(
             enabled=False, table=None, n=0)
-        with switches(api):
+        # `draft_tokens`: the server's --speculative-num-draft-tokens, which the backend reads at `__init__` (its
+        # verify buffers); None for a server without speculative decoding.
+        with switches(api), api.mods["runtime"].get_spec().override(speculative_num_draft_tokens=draft_tokens):
             self.backend = api.backend_cls(runner)
         self._cuda_branch_attributes()
         radix = importlib.import_module(_RADIX).RadixAttention
@@ -199,6 +206,21 @@ class RealDsv4:
         backend._flash_mla_with_kvcache = functools.partial(wrapper.flash_mla_with_kvcache,
                                                             use_legacy=not backend._swa_interleaved)
         backend._flashmla_split_kv_min_topk = wrapper.SPLIT_KV_MIN_TOPK
+
+    @staticmethod
+    def verify_input(*, verify_lens: Sequence[int], committed_lens: torch.Tensor, input_ids: torch.Tensor,
+                     positions: torch.Tensor):
+        """A target-verify batch's `spec_info` as DSpark's verify step hands it (`dspark_verify._run_ragged`): a
+        `DFlashVerifyInput` carrying the `RaggedVerifyLayout` of the per-request verify lengths (SGLang's only
+        form for unequal lengths; the backend plans it under `SGLANG_RAGGED_VERIFY_MODE=compact`), eager, so the
+        layout's token count is the batch's own (`graph_num_tokens`). `committed_lens`: the host lengths before the
+        verify tokens (`live_seq_lens_cpu`)."""
+        lens = [int(n) for n in verify_lens]
+        layout = importlib.import_module(_RAGGED).RaggedVerifyLayout.from_verify_lens(
+            verify_lens_cpu=lens, device=input_ids.device, grid=[sum(lens)])
+        return importlib.import_module(_DFLASH_INFO).DFlashVerifyInput(
+            draft_token=input_ids, positions=positions, draft_token_num=max(lens), ragged_verify_layout=layout,
+            live_seq_lens_cpu=committed_lens)
 
     # -- the KV buffers, by the names the harness's declarations use -------------------------------------
 

@@ -2,8 +2,9 @@
 
 Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
-- on 0.5.23, an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND) or DECODE batch
-  with neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's
+- on 0.5.23, an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND), DECODE batch or
+  TARGET_VERIFY batch (as SGLang's ragged verify: `_as_verify`) with neither CP nor HiSparse, on either device,
+  runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's
   own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer
   its `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
   `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in where its wheel does not load).
@@ -11,7 +12,7 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
   `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
-- every other batch (verify and draft-extend batches, CP and HiSparse cases, every batch of a PR-era release,
+- every other batch (draft-extend batches, CP and HiSparse cases, every batch of a PR-era release,
   tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the same
   backend object, as listed under "Replaced" below.
 
@@ -121,6 +122,8 @@ from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
 from harness.targets import Classes, ReferenceSession
 
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
+# The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
+_REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
 # What SGLang's metadata copy_ / refresh read: the fresh metadata, and through its raw_out_loc (a reference
 # to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
 _METADATA_SOURCES = {"meta.fresh": None, "fb.out_cache_loc": None}
@@ -549,9 +552,17 @@ class SglangModelRunner:
         real = RealDsv4(self.api, req_to_token=session.req_to_token_pool.req_to_token,
                         full_to_swa=pool.full_to_swa_index_mapping, full_size=pool.size,
                         swa_size=session.sizes.swa_size, layer_ratios=dims.layer_ratios, heads=dims.heads,
-                        spec_algorithm=self.spec_algorithm, hisparse=self.case.flags.hisparse,
+                        spec_algorithm=self.spec_algorithm, draft_tokens=self._draft_tokens(),
+                        hisparse=self.case.flags.hisparse,
                         device=str(self.harness_device.torch_device))
         return EagerPath(self, real)
+
+    def _draft_tokens(self) -> Optional[int]:
+        """The server's `--speculative-num-draft-tokens`: the most tokens any verify batch of the case gives a request
+        (SGLang's verify batches stay within it); None for a case without verify batches (the harness draws a batch's
+        mode apart from the case's algorithm, so a verify batch says the server verifies)."""
+        verify = [r.extend_len for b in self.case.batches if b.mode is HForwardMode.TARGET_VERIFY for r in b.requests]
+        return max(verify, default=None)
 
     def _note_fallback(self, pool) -> None:
         """`pool.translate_loc_from_full_to_swa` called through; noted where `get_swa_out_cache_loc` calls it: the
@@ -663,12 +674,26 @@ class SglangModelRunner:
             extend_prefix_lens_cpu=prefix_lens, extend_num_tokens=fb.num_tokens,
             extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm,
             capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL)
+        if fb.forward_mode is HForwardMode.TARGET_VERIFY and self.runs_real(fb):
+            self._as_verify(batch, fb)
         # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
         # load_batch binds it to its static buffer).
         translator = self.kv_index_translator
         if self.api.binds_kv_plan:
             translator.own_plan(batch).bind(batch, translator)
         return batch
+
+    def _as_verify(self, batch, fb: ForwardBatch) -> None:
+        """A target-verify batch as SGLang's verify step hands it to the target model (`dspark_verify._run_ragged`):
+        `seq_lens` the committed lengths (the backend adds the verify lengths, `make_forward_metadata_from_raw_verify`),
+        the host lengths with them, and the verify input carrying the per-request layout."""
+        committed = fb.seq_lens - fb.extend_seq_lens.to(fb.seq_lens.dtype)
+        committed_cpu = torch.tensor([s - n for s, n in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)],
+                                     dtype=torch.int64)
+        batch.seq_lens = committed
+        batch.spec_info = self.eager.real.verify_input(verify_lens=fb.extend_seq_lens_cpu,
+                                                       committed_lens=committed_cpu, input_ids=fb.input_ids,
+                                                       positions=fb.positions)
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
@@ -712,12 +737,8 @@ class SglangModelRunner:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
         too, which SGLang's eager runner runs as EXTEND) or a DECODE batch (its own decode metadata: the raw
         metadata made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in) of a case
-        that may (`real_case`). A DECODE batch only with one new token a request, as SGLang's decode plans it (its
-        decode metadata init asserts one write location a request): the harness also draws decode batches of
-        several tokens a request, which no SGLang decode batch has, and runs those on its own layers."""
-        if fb.forward_mode is HForwardMode.DECODE:
-            return self.real_case and all(n == 1 for n in fb.extend_seq_lens_cpu)
-        return self.real_case and fb.forward_mode in (HForwardMode.EXTEND, HForwardMode.MIXED)
+        that may (`real_case`)."""
+        return self.real_case and fb.forward_mode in _REAL_MODES
 
     def replays_real(self, fb: ForwardBatch) -> bool:
         """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
