@@ -298,10 +298,10 @@ MUTANTS = (
                  "        if is_ragged:\n            seq_lens = seq_lens\n",
                  "the ragged verify plan forgets to add the verify lengths to the committed lengths: each verify "
                  "token attends as if the draft tokens before it were not there"),
-    SourceMutant("verify_start_loc_not_staged", BACKEND,
-                 "            self.extend_start_loc_buffer[:bs].copy_(ragged_layout.extend_start_loc)\n", "",
-                 "target-verify metadata init no longer copies the layout's start offsets into the backend's reused "
-                 "buffer: the plan reads whatever offsets the buffer held (zeros, or the last verify batch's)"),
+    SourceMutant("verify_lens_not_staged", BACKEND,
+                 "            self.extend_seq_lens_buffer[:bs].copy_(ragged_layout.verify_lens)\n", "",
+                 "target-verify metadata init no longer copies the layout's verify lengths into the backend's reused "
+                 "buffer: the plan reads the lengths it held (the server's draft width, or the last verify batch's)"),
     SourceMutant("verify_compressor_plans_decode", BACKEND,
                  "            is_prefill=True,\n            token_to_kv_pool=self.token_to_kv_pool,\n"
                  "            req_to_token=self.req_to_token,\n            req_pool_indices=req_pool_indices,\n"
