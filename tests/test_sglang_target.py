@@ -32,6 +32,7 @@ from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
+from harness.sglang_target.platform import CP_SIZE, sglang_config  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
 from harness.targets import TargetSpec  # noqa: E402
@@ -655,3 +656,12 @@ def test_an_idle_step_that_keeps_the_metadata_is_found_stale(target, harness_dev
     stale = [f for f in result.findings if f.kind == "stale-plan"]
     assert stale and stale[0].batch == 1 and "planned for batch 0" in stale[0].message, \
         [f.message for f in result.findings]
+
+
+@pytest.mark.parametrize("cp_active", [False, True])
+def test_a_case_runs_on_a_server_with_cp_only_where_it_turns_cp_on(target, cp_active):
+    """The server a case runs on has the harness's CP width only where the case turns CP on (SGLang refuses its
+    ragged verify planning on a CP server, so a CP-less case must not run on one)."""
+    case = Case(dims=DIMS, flags=Flags(cp_active=cp_active))
+    with sglang_config(target.api, case):
+        assert target.api.mods["runtime"].get_parallel().attn_cp_size == (CP_SIZE if cp_active else 1)
