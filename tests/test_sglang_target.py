@@ -249,19 +249,6 @@ DECODE_AFTER_EXTEND = Case(dims=DIMS, batches=(
     Batch(mode=ForwardMode.DECODE, requests=(Request(15, 1), Request(5, 1)), mutations=(Mutation("req_to_token_rewrite"),))))
 
 
-def test_an_eager_decode_batch_runs_sglangs_own_decode_init_and_forward(target, harness_device, monkeypatch):
-    """A DECODE batch (eager: the decode graph runner is not this path's) goes through the backend's own decode
-    metadata (`init_forward_metadata_decode`, the raw metadata made whole) and its per-layer forward; its first
-    request's token completes a c4 block (16 tokens), which the compressor stores by SGLang's decode plan."""
-    calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_decode",
-                                                            "make_forward_metadata_from_raw_decode", "forward"))
-    result = run_case(target, DECODE_AFTER_EXTEND, harness_device, target_spec=SGLANG)
-    assert result.findings == [], [f.message for f in result.findings]
-    layers, runs = len(DIMS.layer_ratios), 3
-    assert calls["init_forward_metadata_decode"] == calls["make_forward_metadata_from_raw_decode"] == runs
-    assert calls["forward"] == 2 * runs * layers  # the EXTEND batch's layers and the DECODE batch's
-
-
 def test_a_decode_plan_one_token_short_is_found(target, harness_device, monkeypatch):
     """SGLang's decode metadata planned for one token fewer than the batch holds (each request's own new token left
     out of its attention): the real decode forward reads the shorter plan, and the float64 oracle sees it."""
@@ -282,18 +269,23 @@ VERIFY_AFTER_EXTEND = Case(dims=DIMS, spec=SpeculativeAlgorithm.DSPARK, batches=
           mutations=(Mutation("req_to_token_rewrite"),))))
 
 
-def test_an_eager_verify_batch_runs_sglangs_ragged_verify_init_and_forward(target, harness_device, monkeypatch):
-    """A TARGET_VERIFY batch of unequal verify lengths goes through SGLang's ragged verify planning (the raw verify
-    metadata, made whole in `init_forward_metadata_in_graph`) and its per-layer forward; the backend was built by a
-    server whose draft width is the widest verify request (its verify buffers)."""
-    backend_cls = target.api.backend_cls
-    calls = _counting(monkeypatch, backend_cls, ("init_forward_metadata_target_verify",
-                                                 "make_forward_metadata_from_raw_verify", "forward"))
-    result = run_case(target, VERIFY_AFTER_EXTEND, harness_device, target_spec=SGLANG)
+@pytest.mark.parametrize("case,plans", [
+    (DECODE_AFTER_EXTEND, ("init_forward_metadata_decode", "make_forward_metadata_from_raw_decode")),
+    (VERIFY_AFTER_EXTEND, ("init_forward_metadata_target_verify", "make_forward_metadata_from_raw_verify")),
+], ids=["decode", "verify"])
+def test_an_eager_decode_or_verify_batch_runs_sglangs_own_init_and_forward(target, harness_device, monkeypatch, case,
+                                                                           plans):
+    """A DECODE or TARGET_VERIFY batch (eager: the decode-graph runner is not this path's) goes through the backend's
+    own metadata init, whose raw metadata is made whole (`init_forward_metadata_in_graph`), and its per-layer
+    forward. The decode batch's first request's token completes a c4 block (16 tokens), which the compressor stores
+    by SGLang's decode plan; the verify batch has unequal verify lengths (SGLang's ragged verify), and the backend
+    was built by a server whose draft width is the widest verify request (its verify buffers)."""
+    calls = _counting(monkeypatch, target.api.backend_cls, (*plans, "forward"))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     layers, runs = len(DIMS.layer_ratios), 3
-    assert calls["init_forward_metadata_target_verify"] == calls["make_forward_metadata_from_raw_verify"] == runs
-    assert calls["forward"] == 2 * runs * layers  # the EXTEND batch's layers and the verify batch's
+    assert calls[plans[0]] == calls[plans[1]] == runs
+    assert calls["forward"] == 2 * runs * layers  # the EXTEND batch's layers and the second batch's
 
 
 def test_a_verify_plan_without_the_verify_tokens_is_found(target, harness_device, monkeypatch):

@@ -37,13 +37,13 @@ SIM_BACKEND = "streamsim"  # torch's device-string parser takes letters only
 CP_SIZE = 2  # the CP width the harness models when a case turns CP on
 
 
-
 def _parallel(cp_size: int) -> dict:
     """A server of one attention-TP rank and `cp_size` CP ranks, consistent as SGLang checks on every override:
     tp = attn_tp * attn_dp * attn_cp = moe_ep * moe_dp * moe_tp. A case that turns CP on runs on a server of the
     harness's CP width, any other on a server without CP (which SGLang's ragged verify planning requires)."""
     return {"attn_dcp_size": 1, "pp_size": 1, "attn_cp_size": cp_size, "attn_tp_size": 1, "tp_size": cp_size,
             "moe_tp_size": cp_size, "moe_ep_size": 1, "moe_dp_size": 1}
+
 
 # The attention-DP width's override name: `num_dp_ranks` in 0.5.23, `attn_dp_size` before.
 _DP_WIDTH_NAMES = ("num_dp_ranks", "attn_dp_size")

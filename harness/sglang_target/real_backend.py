@@ -139,8 +139,9 @@ class RealDsv4:
     """The real `DeepSeekV4TokenToKVPool`, `ReqToTokenPool` and `DeepseekV4AttnBackend`, built by their `__init__`s,
     reading the caller's `req_to_token` [rows, context] int32 and full->SWA mapping int64 (the very tensors: a
     mutation of them is what SGLang reads next). `draft_tokens`: the speculative server's draft width (the most
-    tokens a verify batch has a request), None without speculative decoding. `full_size`: the full KV slots the caller's tables address; the
-    compressed pools hold one entry per ratio block of them (c4 slot = full slot // 4, c128 slot = // 128)."""
+    tokens a verify batch has a request), None without speculative decoding. `full_size`: the full KV slots the
+    caller's tables address; the compressed pools hold one entry per ratio block of them (c4 slot = full slot // 4,
+    c128 slot = // 128)."""
 
     def __init__(self, api, *, req_to_token: torch.Tensor, full_to_swa: torch.Tensor, full_size: int,
                  swa_size: int, layer_ratios: Sequence[int], heads: int, spec_algorithm,
@@ -174,8 +175,7 @@ class RealDsv4:
         # without n-gram embeddings (DSV4): off. The graph runner's capture reads it.
         self.ngram_embedding_manager = importlib.import_module(_NGRAM).NgramEmbeddingManager(
             enabled=False, table=None, n=0)
-        # `draft_tokens`: the server's --speculative-num-draft-tokens, which the backend reads at `__init__` (its
-        # verify buffers); None for a server without speculative decoding.
+        # The server's --speculative-num-draft-tokens, which the backend reads at `__init__` (its verify buffers).
         with switches(api), api.mods["runtime"].get_spec().override(speculative_num_draft_tokens=draft_tokens):
             self.backend = api.backend_cls(runner)
         self._cuda_branch_attributes()

@@ -675,7 +675,7 @@ class SglangModelRunner:
             extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm,
             capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL)
         if fb.forward_mode is HForwardMode.TARGET_VERIFY and self.runs_real(fb):
-            self._as_verify(batch, fb)
+            self._as_verify(batch, fb, prefix_lens)
         # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
         # load_batch binds it to its static buffer).
         translator = self.kv_index_translator
@@ -683,17 +683,14 @@ class SglangModelRunner:
             translator.own_plan(batch).bind(batch, translator)
         return batch
 
-    def _as_verify(self, batch, fb: ForwardBatch) -> None:
+    def _as_verify(self, batch, fb: ForwardBatch, committed: list[int]) -> None:
         """A target-verify batch as SGLang's verify step hands it to the target model (`dspark_verify._run_ragged`):
-        `seq_lens` the committed lengths (the backend adds the verify lengths, `make_forward_metadata_from_raw_verify`),
-        the host lengths with them, and the verify input carrying the per-request layout."""
-        committed = fb.seq_lens - fb.extend_seq_lens.to(fb.seq_lens.dtype)
-        committed_cpu = torch.tensor([s - n for s, n in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)],
-                                     dtype=torch.int64)
-        batch.seq_lens = committed
-        batch.spec_info = self.eager.real.verify_input(verify_lens=fb.extend_seq_lens_cpu,
-                                                       committed_lens=committed_cpu, input_ids=fb.input_ids,
-                                                       positions=fb.positions)
+        `seq_lens` the committed lengths (`committed`, the requests' prefixes: the backend adds the verify lengths,
+        `make_forward_metadata_from_raw_verify`), and the verify input carrying the per-request layout."""
+        batch.seq_lens = batch.extend_prefix_lens.to(fb.seq_lens.dtype)
+        batch.spec_info = self.eager.real.verify_input(
+            verify_lens=fb.extend_seq_lens_cpu, committed_lens=torch.tensor(committed, dtype=torch.int64),
+            input_ids=fb.input_ids, positions=fb.positions)
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
@@ -735,9 +732,9 @@ class SglangModelRunner:
 
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
-        too, which SGLang's eager runner runs as EXTEND) or a DECODE batch (its own decode metadata: the raw
-        metadata made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in) of a case
-        that may (`real_case`)."""
+        too, which SGLang's eager runner runs as EXTEND), a DECODE batch (its own decode metadata: the raw metadata
+        made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in) or a TARGET_VERIFY
+        batch (SGLang's ragged verify metadata, `_as_verify`) of a case that may (`real_case`)."""
         return self.real_case and fb.forward_mode in _REAL_MODES
 
     def replays_real(self, fb: ForwardBatch) -> bool:
