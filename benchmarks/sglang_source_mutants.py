@@ -3,7 +3,8 @@
 Each mutant is one textual edit of the installed sglang (a regression someone could commit: a gate dropped,
 a snapshot step skipped, an off-by-one). The table is the installed release's: `MUTANTS` for 0.5.23, the
 resolver design; `PR_ERA_MUTANTS` for 0.5.19 and 0.5.20, the PR's own design (what its unit tests pin down,
-and its code paths), whose campaigns run `--semantics pr` without the gates that arrived later
+and its code paths); `PR_LATE_MUTANTS` for 0.5.21 and 0.5.22, the same design with the backend's own init and
+forward running. The PR-era campaigns run `--semantics pr` without the gates that arrived later
 (`LATER_GATES`: a PR-era release publishes under them, which is reported apart). The package is linked into a
 scratch folder, the one file is rewritten there, and `python -m harness run --target sglang` runs with that
 copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean copy is
@@ -14,8 +15,8 @@ flagged.
 `--no-seeds` runs every campaign without the hand-written seed cases, so the table measures what the
 fuzzer draws.
 
-Needs sglang installed in this environment: 0.5.23 (the CI's `.venv-sglang`) or 0.5.19 / 0.5.20
-(`.venv-sglang-0.5.19`, requirements-cpu-pr.txt).
+Needs sglang installed in this environment: 0.5.23 (the CI's `.venv-sglang`), 0.5.22 (requirements-cpu.txt),
+0.5.21, 0.5.20 or 0.5.19 (requirements-cpu-pr.txt).
 """
 
 from __future__ import annotations
@@ -431,7 +432,44 @@ PR_ERA_MUTANTS = (
                  "        swa_len = tl.minimum(pos + 1, WINDOW_SIZE)\n", "        swa_len = tl.minimum(pos, WINDOW_SIZE)\n",
                  "the combined rows' window leaves out the query's own token"),
 )
-TABLES = {"resolver": MUTANTS, "pr-early": PR_ERA_MUTANTS}  # by the installed release's API generation
+
+
+def _rows(table: tuple[SourceMutant, ...], names: tuple[str, ...]) -> tuple[SourceMutant, ...]:
+    """The rows of `table` named `names`, in that order (a name that is not there is this file's error)."""
+    by_name = {m.name: m for m in table}
+    return tuple(by_name[name] for name in names)
+
+
+# PR #35947's design as released in 0.5.21 and 0.5.22, whose backend runs its own __init__, metadata init and
+# forward (the `pr-late` generation): the rows of the two tables above whose edit is the same text in both
+# releases, and the one whose text moved.
+PR_LATE_MUTANTS = _rows(MUTANTS, (
+    # the PR's hook, flag and refresh (0.5.23's rows: the same code, the build given the core metadata)
+    "snapshot_step_deleted", "refresh_keeps_cache", "query_pos_off_by_one", "threshold_inclusive",
+    "swa_gather_shifted",
+    # the backend's own __init__, metadata init and forward, and the verify and decode plans
+    "token_to_kv_pool_unassigned", "prefill_sparse_always_lazy", "init_skips_swa_write_snapshot",
+    "store_at_full_slots", "c4_visible_blocks_off_by_one", "verify_seq_lens_not_extended", "verify_lens_not_staged",
+    "verify_compressor_plans_decode", "decode_excludes_own_token",
+    # the breakable graph: the bucket, load_batch, the refresh of the captured metadata, the trim
+    "bucket_bisect_right", "load_batch_pads_nothing", "trim_keeps_padded_rows", "refresh_assigns_c4_out_loc",
+    "refresh_assigns_compress_plan", "refresh_rebinds_c4_sparse_indices",
+    # the eager runner, the publisher and the scheduler's barrier
+    "eager_init_condition_inverted", "eager_event_module_of_host", "idle_keeps_metadata",
+    "event_recorded_on_new_stream", "barrier_enabled_on_hip_only", "barrier_keeps_event", "barrier_before_launch",
+    "barrier_waits_forward_after_publish", "barrier_ignores_event",
+)) + _rows(PR_ERA_MUTANTS, (
+    "pr_flag_before_gate", "pr_dflash_gate_dropped", "pr_read_ends_ignore_flag", "pr_publish_undeclared",
+    "pr_eager_snapshot_at_request_count", "pr_eager_mixed_kept_mixed",
+)) + (
+    SourceMutant("swa_loc_translated_per_layer", BACKEND,
+                 "        if (\n            cached is not None\n            and not forward_batch.forward_mode.is_idle()\n"
+                 "            and cached.shape[0] == out_cache_loc.shape[0]\n        ):\n            return cached\n",
+                 "",
+                 "get_swa_out_cache_loc translates the write locations through the live Full-to-SWA mapping in every "
+                 "layer, after read-done, instead of taking init's snapshot"),
+)
+TABLES = {"resolver": MUTANTS, "pr-late": PR_LATE_MUTANTS, "pr-early": PR_ERA_MUTANTS}  # by the API generation
 LATER_GATES = "hierarchical_cache,hicache_storage,lmcache,hisparse"
 
 
@@ -447,6 +485,16 @@ def installed_sglang() -> Path:
         raise environment_broken("sglang is not installed in this environment (see "
                                  "harness/sglang_target/requirements-cpu.txt)")
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def installed_table() -> tuple[str, tuple[SourceMutant, ...]]:
+    """The installed release's version and its table (by its API generation); exit 3 where none is kept for it."""
+    installed = version("sglang") if installed_sglang() else None
+    generation = RELEASED.get(installed)
+    if generation is None or generation.name not in TABLES:
+        raise environment_broken(f"sglang {installed} is installed; the tables are for "
+                                 f"{', '.join(v for v, g in RELEASED.items() if g.name in TABLES)}")
+    return installed, TABLES[generation.name]
 
 
 def apply(root: Path, mutant: SourceMutant, original: Path) -> None:
@@ -524,12 +572,8 @@ def main() -> int:
         parser.error(f"--examples={args.examples}: must be >= 1")
     if args.timeout <= 0:
         parser.error(f"--timeout={args.timeout:g}: must be > 0 seconds")
-    installed = version("sglang") if installed_sglang() else None
-    generation = RELEASED.get(installed)
-    if generation is None or generation.name not in TABLES:
-        raise environment_broken(f"sglang {installed} is installed; the tables are for "
-                                 f"{', '.join(v for v, g in RELEASED.items() if g.name in TABLES)}")
-    table, args.semantics = TABLES[generation.name], generation.semantics
+    installed, table = installed_table()
+    args.semantics = RELEASED[installed].semantics
     chosen = table
     if args.only:
         names = {n.strip() for n in args.only.split(",") if n.strip()}

@@ -104,11 +104,16 @@ class CoverageFirst:
         self.reached |= values_of(case)
 
     def keeps(self, case: Case, schedule: str) -> bool:
-        """Whether `case` reaches a value the stream has not reached yet; if so it is one of the phase's cases."""
+        """Whether `case` reaches a value the stream has not reached yet; if so it is one of the phase's cases.
+        A case the phase kept already is kept again: hypothesis runs a draw that raised once more to see it raise
+        again, and a rejection then would be its "unreliable assumption" (a flaky error hiding the real one)."""
+        key = (case.to_json(), schedule)
+        if key in self.kept:
+            return True
         if not values_of(case) & (self.reachable - self.reached):
             return False
         self.add(case)
-        self.kept.add((case.to_json(), schedule))
+        self.kept.add(key)
         return True
 
     @property

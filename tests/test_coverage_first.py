@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.case import Batch, Request
 from harness.coverage import CARRY_ORDERS, VALUES, Coverage, describe, merge_tables, values
-from harness.covering import covering_cases, unreachable
+from harness.covering import CoverageFirst, covering_cases, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
 from harness.strategies import PROFILE_BUDGETS, seed_cases
@@ -96,6 +96,14 @@ def test_first_reached_keeps_the_first_place_and_a_database_replay_reaches_nothi
     once.add(replayed)
     assert table["dimensions"]["graph"]["first graph replay"] == 2 * once.counts["graph"]["first graph replay"]  # counted
     assert merge_tables([table, {**table, "first_reached": {}}])["first_reached"] == table["first_reached"]
+
+
+def test_a_kept_case_run_again_is_kept_again_and_one_that_adds_nothing_is_not():
+    # hypothesis runs a draw that raised a second time: rejecting it then would hide the error behind a FlakyFailure
+    extend = seed_cases("0.5.23")[0]
+    phase = CoverageFirst(reachable=frozenset(values(extend)))
+    assert phase.keeps(extend, "adversarial") and phase.keeps(extend, "adversarial") and phase.cases == 1
+    assert not phase.keeps(extend, "forced")  # the same values under another schedule: nothing new
 
 
 def test_a_replay_after_its_buckets_sparse_replay_is_a_carry_value_of_its_contract():

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from harness.sglang_target import flash_mla as fm
+from harness.sglang_target.api import StandIns
 
 LOG2E = 1.0 / math.log(2.0)
 INF = math.inf
@@ -398,6 +399,59 @@ def test_install_refuses_to_shadow_a_flash_mla_that_loads(installed):
     sys.modules["flash_mla"] = importlib.import_module("json")  # any module with a file
     with pytest.raises(RuntimeError, match="not stood in"):
         fm.install()
+
+
+@pytest.fixture
+def sgl_kernel_names():
+    names = ("sgl_kernel", "sgl_kernel.flash_mla")
+    saved = {name: sys.modules.pop(name, None) for name in names}
+    yield
+    for name, module in saved.items():
+        sys.modules.pop(name, None)
+        if module is not None:
+            sys.modules[name] = module
+
+
+def _sgl_kernel_imports_resolve_to_the_stand_in() -> None:
+    """The PR-era backend's three forms: `from ... import`, `import ... as` and the attribute of the parent."""
+    import sgl_kernel.flash_mla as bound  # `_create_flashmla_metadata`'s form
+    from sgl_kernel.flash_mla import (
+        FlashMLASchedMeta,
+        flash_mla_sparse_fwd,
+        flash_mla_with_kvcache,
+    )
+
+    assert bound is fm.sgl_kernel_flash_mla and sys.modules["sgl_kernel"].flash_mla is bound
+    assert (flash_mla_sparse_fwd, flash_mla_with_kvcache, FlashMLASchedMeta) == (
+        fm.flash_mla_sparse_fwd, fm.flash_mla_with_kvcache, fm.FlashMLASchedMeta)
+    assert isinstance(bound.get_mla_metadata()[0], fm.FlashMLASchedMeta)
+
+
+def test_install_for_sgl_kernel_on_a_host_without_it_makes_a_package_holding_only_flash_mla(sgl_kernel_names):
+    assert set(fm.install("sgl_kernel.flash_mla")) == {"sgl_kernel.flash_mla"}
+    _sgl_kernel_imports_resolve_to_the_stand_in()
+    with pytest.raises(ImportError):
+        from sgl_kernel import silu_and_mul  # noqa: F401 - nothing else of sglang-kernel is pretended
+
+
+def test_install_for_sgl_kernel_binds_on_its_recording_stand_in(sgl_kernel_names):
+    recorder = StandIns()
+    recorder.reasons["sgl_kernel"] = "ModuleNotFoundError: no sglang-kernel wheel here"
+    sys.meta_path.insert(0, recorder)
+    try:
+        importlib.import_module("sgl_kernel")  # a GPU host without the wheel: the recording stand-in
+        fm.install("sgl_kernel.flash_mla")
+        _sgl_kernel_imports_resolve_to_the_stand_in()
+    finally:
+        sys.meta_path.remove(recorder)
+
+
+def test_install_refuses_an_sgl_kernel_that_loads_and_an_unknown_package(sgl_kernel_names):
+    sys.modules["sgl_kernel"] = importlib.import_module("json")  # any module with a file
+    with pytest.raises(RuntimeError, match="not stood in"):
+        fm.install("sgl_kernel.flash_mla")
+    with pytest.raises(ValueError, match="allowed: flash_mla, sgl_kernel.flash_mla"):
+        fm.install("flashinfer")
 
 
 def test_sglangs_own_wrapper_runs_on_the_stand_in(installed):

@@ -8,6 +8,8 @@ file on 0.5.23 and on the oldest PR-era release, 0.5.19 (`.ci/run`); skipped wit
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.sglang_target.api import prepare_triton
 
 prepare_triton()
@@ -40,6 +42,7 @@ SGLANG = TargetSpec("sglang")
 # the policy oracle reports (BENCHMARKS.md, "Races found in released SGLang"); the clean checks leave them off.
 LATER_GATES = frozenset({"hierarchical_cache", "hicache_storage", "lmcache", "hisparse"})
 REWRITE = Mutation("req_to_token_rewrite", count=2)
+RACE_DELAY = 50_000_000  # cycles the forward waits after a publish (as a drawn case's race window)
 # The sizes the release's cases run at: DSV4's where its backend runs for real (0.5.23), any before.
 FIXED_DIMS = tuple(fixed_dims(load_api()).items())
 DIMS = Dims(**dict(FIXED_DIMS))
@@ -155,6 +158,8 @@ def test_lmcache_stores_the_stashed_chunk_unordered_where_the_release_publishes_
     stores the chunk to LMCache on the schedule stream, which waited only on read-done while the forward still
     writes that chunk's KV. 0.5.23 does not publish under LMCache; 0.5.19 and 0.5.20 store only after the sync."""
     case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3)), mutations=(REWRITE,)), lmcache=True)
+    # On CUDA the forward is held after the publish (the race delay), so the store reads before the chunk's KV lands.
+    case = dataclasses.replace(case, delay_cycles=RACE_DELAY)
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     races = [f for f in result.findings if f.kind == "unordered-access" and "lmcache.store" in f.message]
     if target.api.generation.stores_stashed_chunk and target.semantics == "pr":

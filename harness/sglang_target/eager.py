@@ -148,18 +148,26 @@ class EagerPath:
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
         segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
             _Segments(captured.metadata, captured.compressed_new, captured.index_k_new, graph=True)
+        # SGLang's own dispatch where the release names it (0.5.22 on); 0.5.21's forward decides inline, by the
+        # condition the reference model of the same design takes (what the probe notes: the real forward decides).
+        decide = getattr(backend, "_use_sparse_prefill", self.mr.harness.attn_backend._use_sparse_prefill)
         with self.sglang():
-            sparse = backend._use_sparse_prefill(forward_batch, num_qo_tokens=rows)
+            sparse = decide(forward_batch, num_qo_tokens=rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         self.mr.plans.read(PlanKind.METADATA, metadata)
         builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily
+        # A PR-era breakable replay keeps no SWA write locations in its captured metadata (they are "recomputed by
+        # the recorded init_forward_metadata_in_graph op"): every layer's store translates the batch's
+        # out_cache_loc through the live mapping (`get_swa_out_cache_loc`), by design. 0.5.23's replay prep
+        # translates once, into the captured tensor; an eager plan always carries them.
+        translates = captured is not None and metadata.core_attn_metadata.swa_out_cache_loc is None
         for layer, ratio in enumerate(dims.layer_ratios):
             if ratio:
                 self._compressor(segments, layer, ratio)
             if ratio == 4:
                 self._indexer(fb, segments, layer)
             self._attention(fb, forward_batch, metadata, layer, ratio, out, sparse=sparse,
-                            builds=builds and layer == 0)
+                            builds=builds and layer == 0, translates=translates)
         return out
 
     def _compressor(self, segments: "_Segments", layer: int, ratio: int) -> None:
@@ -203,11 +211,12 @@ class EagerPath:
                            reads={"indexer_k": None, "meta": None}, writes={"meta.c4_sparse": None})
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
-                   sparse: bool, builds: bool) -> None:
+                   sparse: bool, builds: bool, translates: bool) -> None:
         """The backend's `forward` for one layer, as one launch. `sparse`: the layer reads the chunk cache (noted for
         the `freshness` oracle, as a build the layer makes itself); `builds`: the chunk cache is missing at issue,
         so this layer is meant to build it from the tables (the coarse barrier orders that read; after a
-        published event it is a race, which the tracker and the policy oracle report)."""
+        published event it is a race, which the tracker and the policy oracle report); `translates`: the plan
+        carries no SWA write locations, so the layer's store is meant to translate them through the live mapping."""
         backend, radix = self.real.backend, self.real.layers[layer]
         q, k = fb.q[layer].to(torch.bfloat16), fb.kv_new[layer].to(torch.bfloat16)
         sink = self.mr.session.sink[layer]
@@ -231,6 +240,8 @@ class EagerPath:
         if builds:
             reads.update({"req_to_token": self._rows_read(), **dict.fromkeys(_BUILD_READS)})
             writes["cache"] = None
+        if translates:
+            reads.update(dict.fromkeys(("full_to_swa", "fb.out_cache_loc")))
         self.device.launch(f"layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads, writes=writes)
 
 

@@ -5,7 +5,9 @@ uses it on the DSV4 prefill path.
 Why: that wrapper imports `flash_mla` at import time and the DSV4 backend calls it on every sparse prefill,
 but the wheel's CUDA extension loads neither on the CPU simulator nor on a GPU host without the wheel.
 `install()` registers this module under the package's names; it refuses where a loadable `flash_mla` is
-already imported, since only compiled code that cannot load is stood in.
+already imported, since only compiled code that cannot load is stood in. The releases before 0.5.23 call the
+same four ops through `sgl_kernel.flash_mla` (the sglang-kernel wheel's copy of upstream's interface, the same
+signatures; their DSV4 backend keeps only the output of each call): `install("sgl_kernel.flash_mla")`.
 
 What it computes is the op's documented contract, each source listed in `OPS`: the same inputs (the
 kernel's dtype and shape checks), the same outputs (dtypes, shapes, the base of the statistics, what a
@@ -372,22 +374,48 @@ def _record_config(meta: FlashMLASchedMeta, q, k_cache, causal, is_fp8_kvcache, 
 
 # `from flash_mla.flash_mla_interface import FlashMLASchedMeta`: the submodule, with what upstream's has.
 flash_mla_interface = types.ModuleType("flash_mla.flash_mla_interface", "The stand-in's flash_mla_interface")
+# `from sgl_kernel.flash_mla import flash_mla_sparse_fwd`: the PR-era releases (0.5.19 to 0.5.22) call FlashMLA
+# through sglang-kernel's copy of upstream's interface (the same four names, the same signatures).
+sgl_kernel_flash_mla = types.ModuleType("sgl_kernel.flash_mla", "The stand-in's sgl_kernel.flash_mla")
 for _name in ("FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"):
     setattr(flash_mla_interface, _name, globals()[_name])
+    setattr(sgl_kernel_flash_mla, _name, globals()[_name])
 del _name
 
+# Where a release imports FlashMLA from (`Generation.flash_mla`): the names this module is registered under.
+PACKAGES = ("flash_mla", "sgl_kernel.flash_mla")
 
-def install() -> dict:
-    """Register the stand-in as `flash_mla`, `flash_mla.flash_mla_interface` and
-    `flash_mla.fused_norm_rope_attn_rope_cast` (so that the submodule imports too) in sys.modules;
-    returns {name: module} as installed.
-    Raises RuntimeError where a loadable `flash_mla` (one with a file) is already imported."""
-    this = sys.modules[__name__]
-    entries = {"flash_mla": this, "flash_mla.flash_mla_interface": flash_mla_interface,
-               "flash_mla.fused_norm_rope_attn_rope_cast": fused_norm_rope_attn_rope_cast}
+
+def _entries(package: str) -> dict:
+    if package == "flash_mla":
+        return {"flash_mla": sys.modules[__name__], "flash_mla.flash_mla_interface": flash_mla_interface,
+                "flash_mla.fused_norm_rope_attn_rope_cast": fused_norm_rope_attn_rope_cast}
+    if package == "sgl_kernel.flash_mla":
+        return {"sgl_kernel.flash_mla": sgl_kernel_flash_mla}
+    raise ValueError(f"package={package!r}: allowed: {', '.join(PACKAGES)}")
+
+
+def install(package: str = "flash_mla") -> dict:
+    """Register the stand-in in sys.modules under `package`'s names: for `flash_mla`, the package,
+    `flash_mla.flash_mla_interface` and `flash_mla.fused_norm_rope_attn_rope_cast` (so that the submodule imports
+    too); for `sgl_kernel.flash_mla`, that submodule, also bound on `sgl_kernel` where that is imported (the
+    recording stand-in of a GPU host without the sglang-kernel wheel), else under an `sgl_kernel` package that
+    holds only it (a host without CUDA, where nothing else of sgl_kernel is imported). Returns {name: module} as
+    installed. Raises RuntimeError where a loadable module (one with a file) is already imported under a name."""
+    entries = _entries(package)
     for name, module in entries.items():
         present = sys.modules.get(name)
         if present is not None and present is not module and getattr(present, "__file__", None):
             raise RuntimeError(f"{name} is already imported from {present.__file__}: it loads, so it is not stood in")
+    if package == "sgl_kernel.flash_mla":
+        parent = sys.modules.get("sgl_kernel")
+        if parent is not None and getattr(parent, "__file__", None):
+            raise RuntimeError(f"sgl_kernel is already imported from {parent.__file__}: it loads, so it is not "
+                               "stood in")
+        if parent is None:
+            parent = types.ModuleType("sgl_kernel", "Holds only the FlashMLA stand-in (sglang-kernel cannot load)")
+            parent.__path__ = []
+            sys.modules["sgl_kernel"] = parent
+        parent.flash_mla = sgl_kernel_flash_mla
     sys.modules.update(entries)
     return entries

@@ -58,10 +58,15 @@ class Generation:
     context_takes_batch: bool  # `forward_context(ctx, forward_batch=...)`, as `ModelRunner._forward_raw` enters it
     runs_cp: bool  # a CP batch runs in one process: the model owns the CP layout (CP-TP group sharing)
     stores_stashed_chunk: bool  # with LMCache, the next step's stash stores the chunk just prefilled
-    # The backend and the KV pool are built by their own __init__s, and an eager EXTEND batch runs the real metadata
-    # init and forward (`real_backend`, `eager`); otherwise the backend is built without its __init__ and every
-    # batch runs the harness's metadata and layers (the stand-ins were written against 0.5.23's kernels).
+    # The backend and the KV pool are built by their own __init__s, and an eager EXTEND, DECODE or TARGET_VERIFY
+    # batch and a breakable replay run the real metadata init and forward (`real_backend`, `eager`, `real_graph`);
+    # otherwise (0.5.19, 0.5.20) the backend is built without its __init__ and every batch runs the harness's
+    # metadata and layers (not adapted yet: what the real build hands SGLang's `__init__`s is 0.5.21's on; 0.5.19's
+    # `NgramEmbeddingManager`, for one, takes another argument).
     real_backend: bool = False
+    # Where the backend imports FlashMLA from: 0.5.23 through its wrapper of the `flash_mla` package (the
+    # sgl-flash-mla wheel), the PR-era releases from `sgl_kernel.flash_mla` (the sglang-kernel wheel).
+    flash_mla: str = "sgl_kernel.flash_mla"
 
     @property
     def publishes_from_read_end(self) -> bool:
@@ -84,7 +89,7 @@ RESOLVER = Generation(
     hook="resolve_prefill_shared_read_ends", kv_buffer=("sparse_prefill_kv_buffer", "SparsePrefillKVBuffer"),
     swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed",
     context_takes_batch=True, runs_cp=True,
-    stores_stashed_chunk=True, real_backend=True)
+    stores_stashed_chunk=True, real_backend=True, flash_mla="flash_mla")
 
 PR_LATE = Generation(
     name="pr-late", semantics=Semantics.PR,
@@ -99,7 +104,7 @@ PR_LATE = Generation(
     hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
     swa_kernels_module=SPARSE_UTILS, build_takes_core=True, compressed_api="compressed",
     context_takes_batch=False, runs_cp=False,
-    stores_stashed_chunk=True)
+    stores_stashed_chunk=True, real_backend=True)
 
 PR_EARLY = Generation(
     name="pr-early", semantics=Semantics.PR,

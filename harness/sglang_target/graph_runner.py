@@ -1,7 +1,8 @@
 """The prefill graph runner of `--target sglang`: SGLang's `PrefillCudaGraphRunner`, and what the harness keeps of
 the graphs it captures.
 
-Where the release's backend runs for real (0.5.23, `Generation.real_backend`), the runner is SGLang's, built by its
+Where the release's backend runs for real (0.5.21 to 0.5.23, `Generation.real_backend`) and the case replays the
+breakable graph (`bcg`), the runner is SGLang's, built by its
 own `__init__` as a server builds it at start-up: the phase's configuration from the published server (the
 breakable backend, `cuda_graph_config.prefill.bs`), its bounds and static buffers, the static-buffer registry,
 the graph backend resolved by `resolve_prefill_backend`, the captured-metadata switch and the layer model; then
@@ -23,11 +24,11 @@ each the CUDA-graph machinery of a server process that one process without a mod
   ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
   server's largest buckets. A case that replays nothing captures the smallest bucket.
 
-On the other releases, and for a case none of whose batches runs the real backend (CP or HiSparse on, whose
-layouts are the harness's), the runner object is built with the fields its `__init__` sets
-(`object_built_runner`), a bucket captured when SGLang's replay first asks for it (`CapturedGraphs`); the
-batches of the real path's case that run the harness's layers (decode, verify, draft-extend) use those captures
-too.
+On the other releases, for a tc_piecewise case (`fresh`, to 0.5.21) and for a case none of whose batches runs the
+real backend (CP or HiSparse on, whose layouts are the harness's), the runner object is built with the fields its
+`__init__` sets (`object_built_runner`), a bucket captured when SGLang's replay first asks for it
+(`CapturedGraphs`); the batches of the real path's case that run the harness's layers (draft-extend) use those
+captures too.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import torch
 from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
 from harness.probe import GraphReplay
-from harness.sglang_target.platform import one_dp_rank
+from harness.sglang_target.platform import one_dp_rank, rank_zero
 from harness.sglang_target.real_graph import RealGraphs, load_static_inputs
 
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
@@ -173,7 +174,9 @@ class SglangPrefillGraphRunner:
         self.mr, self.api, self.contract = model_runner, api, contract
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
-        if model_runner.real_case:  # SGLang captures the buckets the real path replays (`replays_real`)
+        # SGLang captures the buckets the real path replays (`replays_real`: the breakable graph's); a tc_piecewise
+        # replay (`fresh`, to 0.5.21) plans fresh metadata per replay and runs the harness's path.
+        if model_runner.real_case and contract == "bcg":
             self.runner = self.sglang_built_runner()
         else:
             self.real = None
@@ -222,7 +225,8 @@ class SglangPrefillGraphRunner:
     def _start_up_patches(self, graph_runner) -> Iterator[None]:
         """The start-up capture's stand-ins (the module's docstring): the graph backend resolved by SGLang and then
         given the harness's capture and replay, the capture context and stream, the rank-0 TP group, the
-        captured buckets, and no progress bar."""
+        captured buckets, and no progress bar. The TP group is the server's (0.5.23) or the model runner's (0.5.21's
+        breakable backend reads `model_runner.tp_group`)."""
         mods = self.api.mods
         graph_config, runtime = mods["graph_config"], mods["runtime"]
         resolve = graph_runner.resolve_prefill_backend
@@ -234,6 +238,7 @@ class SglangPrefillGraphRunner:
             return backend
 
         exec_config = runtime.get_exec()
+        group = RankZeroGroup(runtime.get_parallel().tp_size)
         phases = graph_config.with_phase(exec_config.graph.cuda_graph_config, "prefill",
                                          backend=graph_config.Backend.BREAKABLE, bs=self.case_buckets(),
                                          max_context_size=self.mr.session.sizes.max_context)
@@ -242,8 +247,8 @@ class SglangPrefillGraphRunner:
                 mock.patch.object(graph_runner, "get_or_create_global_graph_capture_stream", _no_capture_stream), \
                 mock.patch.object(graph_runner, "tqdm", _silent_tqdm(graph_runner.tqdm)), \
                 exec_config.graph.override(cuda_graph_config=phases), \
-                runtime.get_parallel().override(tp_group=RankZeroGroup(runtime.get_parallel().tp_size), tp_rank=0,
-                                                **one_dp_rank(self.api)):
+                mock.patch.object(self.mr, "tp_group", group, create=True), \
+                runtime.get_parallel().override(tp_group=group, **rank_zero(self.api), **one_dp_rank(self.api)):
             yield
 
     # -- the runner built with the fields its __init__ sets ---------------------------------------------------

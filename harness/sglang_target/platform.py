@@ -280,6 +280,13 @@ def one_dp_rank(api) -> dict:
     return {name: 1}
 
 
+def rank_zero(api) -> dict:
+    """`get_parallel().override(**rank_zero(api))`: this process is rank 0 of the TP group and of the attention-TP
+    group, where this version names the latter (0.5.21's runners read `attn_tp_rank`, which only a server's rank
+    bundle writes; 0.5.23's published server has it)."""
+    return {name: 0 for name in ("tp_rank", "attn_tp_rank") if name in _parallel_fields(api)}
+
+
 def _scoped_env(field, value):
     """`field.override(value)`, or unset (the real default applies) when value is None."""
     if value is not None:

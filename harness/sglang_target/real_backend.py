@@ -1,10 +1,11 @@
-"""SGLang 0.5.23's DSV4 attention backend and KV pool as the sglang target runs them for an eager EXTEND batch (and
-its breakable graph replay, `real_graph.py`):
+"""SGLang's DSV4 attention backend and KV pool (0.5.21, 0.5.22 and 0.5.23: `Generation.real_backend`) as the sglang
+target runs them for an eager EXTEND, DECODE or TARGET_VERIFY batch (and a breakable graph replay, `real_graph.py`):
 built by their own `__init__`s over the session's tables, planned by the backend's own `init_forward_metadata`
 and called per layer through its own `forward`; and the seams where the harness's model (everything above the
 attention backend) meets them. `session.py` drives them on the harness's device.
 
-What runs, all SGLang's own code (0.5.23 file: entry point):
+What runs, all SGLang's own code (0.5.23 file: entry point; the PR-era releases have the same entry points, their
+PR hook `prepare_prefill_shared_read_snapshot` in place of the resolver, and 0.5.21 decides sparse prefill inline):
 
 - `mem_cache/deepseek_v4_memory_pool.py`: `DeepSeekV4TokenToKVPool.__init__` (the SWA pool, the c4 / c128
   compressed pools, the indexer pool, the compress-state pools), `register_mapping` (the session's full->SWA
@@ -23,15 +24,17 @@ What runs, all SGLang's own code (0.5.23 file: entry point):
 
 Stood in, each because it cannot load here, in `flash_mla.py` and `jit_kernels.py` (each op with its source of
 truth and a test against its contract): FlashMLA (`get_mla_metadata`, `flash_mla_sparse_fwd`,
-`flash_mla_with_kvcache`) wherever the sgl-flash-mla wheel does not load (on the GPU machine too); on a host
+`flash_mla_with_kvcache`) wherever its wheel does not load (on the GPU machine too: 0.5.23 imports it from the
+sgl-flash-mla wheel, the PR-era releases from sglang-kernel's `sgl_kernel.flash_mla`); on a host
 without a GPU the CUDA JIT KV store (`store.cuh`) and the CUDA JIT compressor planner (`c_plan.cuh`), with
 `compress.py`'s pinned scratch unpinned (on a GPU SGLang's own JIT kernels compile and run).
 
 Set, as SGLang's own server sets them on a GPU without DeepGEMM (`arg_groups/model_hook.py`, SM120):
 `SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1` (no `deep_gemm` schedule in `PagedIndexerMetadata`) and
-`SGLANG_OPT_USE_TOPK_V2=0` (no JIT top-k plan). On a host without CUDA, the three attributes `__init__` sets only
-under `is_cuda()` (`_swa_interleaved`, `_flash_mla_with_kvcache`, `_flashmla_split_kv_min_topk`) are set the
-same way, from the same wrapper module.
+`SGLANG_OPT_USE_TOPK_V2=0` (no JIT top-k plan). On a host without CUDA, the three attributes 0.5.23's `__init__`
+sets only under `is_cuda()` (`_swa_interleaved`, `_flash_mla_with_kvcache`, `_flashmla_split_kv_min_topk`) are set
+the same way, from the same wrapper module, and the simulated device answers `get_device_capability` as the H200
+it stands for while `__init__` runs (`simulated_capability`: 0.5.21 asks it unguarded).
 
 DSV4's sizes are asserted by this code (page 256 in `__init__` and `PagedIndexerMetadata`, head_dim 512 in
 `__init__`, index_topk 512 or 1024 in `init_flashmla_related`), so the target draws its cases at them
@@ -79,17 +82,23 @@ _DFLASH_INFO = "sglang.srt.speculative.dflash_info"
 _prepared: list[str] = []
 
 
-def _flash_mla_loads() -> bool:
-    """A real `flash_mla` (the sgl-flash-mla wheel) is importable here, and loads."""
-    present = sys.modules.get("flash_mla")
+def _loads(api, package: str) -> bool:
+    """A real `package` (FlashMLA's: `flash_mla` of the sgl-flash-mla wheel, or `sgl_kernel.flash_mla` of the
+    sglang-kernel wheel) is importable here, and loads. Not where its wheel is a recording stand-in
+    (`api.StandIns`: it did not load)."""
+    top = package.split(".")[0]
+    if top in api.stand_ins.reasons:
+        return False
+    present = sys.modules.get(package)
     if present is not None:
-        return present is not flash_mla and getattr(present, "__file__", None) is not None
-    if importlib.util.find_spec("flash_mla") is None:
+        stand_ins = (flash_mla, flash_mla.sgl_kernel_flash_mla)
+        return getattr(present, "__file__", None) is not None and present not in stand_ins
+    if importlib.util.find_spec(top) is None:
         return False
     try:
-        importlib.import_module("flash_mla")
+        importlib.import_module(package)
     except (ImportError, OSError):
-        for name in [m for m in sys.modules if m == "flash_mla" or m.startswith("flash_mla.")]:
+        for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
             del sys.modules[name]
         return False
     return True
@@ -99,8 +108,9 @@ def prepare(api) -> list[str]:
     """Once per process: the published server, the FlashMLA and JIT stand-ins. Returns what was stood in."""
     if not _prepared:
         server.publish(api, api.kernels_on.value)
-        if not _flash_mla_loads():
-            _prepared.extend(sorted(flash_mla.install()))
+        package = api.generation.flash_mla
+        if not _loads(api, package):
+            _prepared.extend(sorted(flash_mla.install(package)))
         _prepared.extend(jit_kernels.install())
         _prepared.append("(prepared)")
     return [name for name in _prepared if name != "(prepared)"]
@@ -113,6 +123,8 @@ def stand_in_rows(api) -> list[dict]:
     def reason(name: str) -> str:
         if name.startswith("flash_mla"):
             return "compiled (sgl-flash-mla), not loadable here: its contract in harness/sglang_target/flash_mla.py"
+        if name.startswith("sgl_kernel.flash_mla"):
+            return "compiled (sglang-kernel), not loadable here: its contract in harness/sglang_target/flash_mla.py"
         if name.endswith(".torch"):
             return "its pinned host scratch needs a CUDA driver: allocated unpinned (harness/sglang_target/jit_kernels.py)"
         return "a CUDA JIT kernel, not buildable without a GPU: its .cuh contract in harness/sglang_target/jit_kernels.py"
@@ -127,6 +139,26 @@ def switches(api) -> Iterator[None]:
     with envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.override(True), envs.SGLANG_OPT_USE_TOPK_V2.override(False), \
             envs.SGLANG_RAGGED_VERIFY_MODE.override("compact"):
         yield
+
+
+# The compute capability the CPU simulator answers for: the H200 (SM90) the harness's CUDA runs on.
+SIMULATED_CAPABILITY = (9, 0)
+
+
+@contextlib.contextmanager
+def simulated_capability() -> Iterator[None]:
+    """On a host without CUDA, `torch.cuda.get_device_capability()` answers the simulated device's (an SM90) while
+    the backend's `__init__` runs: 0.5.21's `make_candidate_indexer` asks it unguarded (`is_sm100_or_newer`, which
+    0.5.22 guards by `is_cuda()`), where a server always has a GPU. On a GPU host, the GPU's own."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda device=None: SIMULATED_CAPABILITY
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = saved
 
 
 def fixed_dims(api) -> MappingProxyType:
@@ -176,7 +208,8 @@ class RealDsv4:
         self.ngram_embedding_manager = importlib.import_module(_NGRAM).NgramEmbeddingManager(
             enabled=False, table=None, n=0)
         # The server's --speculative-num-draft-tokens, which the backend reads at `__init__` (its verify buffers).
-        with switches(api), api.mods["runtime"].get_spec().override(speculative_num_draft_tokens=draft_tokens):
+        with switches(api), api.mods["runtime"].get_spec().override(speculative_num_draft_tokens=draft_tokens), \
+                simulated_capability():
             self.backend = api.backend_cls(runner)
         self._cuda_branch_attributes()
         radix = importlib.import_module(_RADIX).RadixAttention
@@ -197,9 +230,10 @@ class RealDsv4:
         return pool
 
     def _cuda_branch_attributes(self) -> None:
-        """`DeepseekV4AttnBackend.__init__` sets these only under `is_cuda()`; on a CPU host, the same values."""
+        """0.5.23's `DeepseekV4AttnBackend.__init__` sets these only under `is_cuda()`; on a CPU host, the same
+        values. (The PR-era `__init__` sets none: their forward imports FlashMLA where it calls it.)"""
         backend = self.backend
-        if hasattr(backend, "_flash_mla_with_kvcache"):
+        if hasattr(backend, "_flash_mla_with_kvcache") or self.api.generation.flash_mla != "flash_mla":
             return
         wrapper = importlib.import_module(_FLASH_MLA_WRAPPER)
         backend._swa_interleaved = self.pool.get_swa_key_layout().is_interleaved
@@ -279,7 +313,7 @@ class RealDsv4:
 
     def read_swa(self) -> torch.Tensor:
         """Every SWA slot of every layer, decoded: float32 [layers, slots, 512]."""
-        page = self.pool.get_swa_key_page_size()
+        page = self.pool.swa_kv_pool.page_size  # `get_swa_key_page_size()` from 0.5.22, the same without a window
         return torch.stack([read_v4(self.swa_buffer(layer), page) for layer in range(len(self.layer_ratios))])
 
     def read_compressed(self, full_size: int) -> torch.Tensor:

@@ -1,18 +1,19 @@
-"""The session of `--target sglang`: the harness's world driven through the real SGLang 0.5.23 code.
+"""The session of `--target sglang`: the harness's world driven through the real SGLang code of the installed release.
 
 Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
-- on 0.5.23, an eager EXTEND batch (a MIXED one too, which SGLang's eager runner runs as EXTEND), DECODE batch or
-  TARGET_VERIFY batch (as SGLang's ragged verify: `_as_verify`) with neither CP nor HiSparse, on either device,
-  runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over SGLang's
-  own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver and chunk-cache build, and per layer
-  its `forward` (store, sparse or dense attention), with only compiled code stood in (`real_backend.py`,
-  `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in where its wheel does not load).
+- on 0.5.21 to 0.5.23 (`Generation.real_backend`), an eager EXTEND batch (a MIXED one too, which SGLang's eager
+  runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (as SGLang's ragged verify: `_as_verify`) with
+  neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
+  SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.21 and
+  0.5.22) and chunk-cache build, and per layer its `forward` (store, sparse or dense attention), with only compiled
+  code stood in (`real_backend.py`, `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in
+  where its wheel does not load).
   Such a batch replayed by the breakable graph (`bcg`) does too: SGLang's `PrefillCudaGraphRunner`, built by its
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
   `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
-- every other batch (draft-extend batches, CP and HiSparse cases, every batch of a PR-era release,
+- every other batch (draft-extend batches, CP and HiSparse cases, every batch of 0.5.19 and 0.5.20,
   tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the same
   backend object, as listed under "Replaced" below.
 
@@ -64,14 +65,15 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   fields from its own gathers; the copy into a graph's static metadata and the breakable-graph refresh are
   SGLang's own methods; `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a
   launched operation on the forward stream, so on the simulator it reads the tables when the stream reaches it;
-  a PR-era release's backend is built without its `__init__` over the harness's pool (`PoolShim`);
+  on 0.5.19 and 0.5.20 the backend is built without its `__init__` over the harness's pool (`PoolShim`);
 - the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
   `replay` runs the layers over SGLang's static batch; on the other path the harness's, with captured KV stores
   that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
   segments of `real_graph.py`; its `capture_one` keeps what a graph holds. On the real path the runner is built
   by SGLang's `__init__` and captures at start-up the buckets the case pads to, with the CUDA-graph machinery
-  stood in (`graph_runner.py` lists each piece); on the other path (every batch of a PR-era release) the runner
-  is built with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks for it;
+  stood in (`graph_runner.py` lists each piece); on the other path (0.5.19 and 0.5.20, a tc_piecewise replay)
+  the runner is built with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks
+  for it;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
   on the PR-era releases DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True; on
@@ -381,9 +383,12 @@ class SglangSession(ReferenceSession):
         full_slots = fb.out_cache_loc[rows]
         stored = torch.zeros(pool.swa_kv.shape[0], len(rows), pool.swa_kv.shape[2], device=pool.swa_kv.device)
         f2s = pool.full_to_swa_index_mapping
+        # The chunk's KV where its forward wrote it: SGLang's pool after a batch of the real path, else the harness's.
+        real = self.model_runner.eager.real if self.model_runner.ran_real else None
 
         def store():
-            stored.copy_(pool.swa_kv[:, f2s[full_slots]])
+            swa_kv = real.read_swa() if real is not None else pool.swa_kv
+            stored.copy_(swa_kv[:, f2s[full_slots]])
 
         self.device.launch("lmcache.store(stashed chunk)", store,
                            reads={"full_to_swa": None, **{f"swa_kv[{layer}]": None
@@ -419,9 +424,25 @@ class SglangSession(ReferenceSession):
             if fb.forward_mode.is_idle():
                 return {}
             outputs = {"attention": out}
-            self.harness_runner.attn_backend.forward_metadata = mr.attn_backend.forward_metadata
+            tail_metadata = self._tail_metadata(fb, mr.attn_backend.forward_metadata)
+            self.harness_runner.attn_backend.forward_metadata = tail_metadata
             outputs.update(self.harness_runner.run_speculative_tail(fb))
         return outputs
+
+    def _tail_metadata(self, fb: ForwardBatch, metadata):
+        """The metadata the speculative tail (the harness's, `run_speculative_tail`) reads: SGLang's, or where SGLang
+        kept no SWA write locations in it (a PR-era breakable replay: its captured metadata has none, and
+        `get_swa_out_cache_loc` re-translated the batch's `out_cache_loc` through the live mapping at every layer's
+        store) a view whose locations are that translation, made the same way after the forward."""
+        core = metadata.core_attn_metadata
+        if core.swa_out_cache_loc is not None or not self.case.spec.is_dflash_family():
+            return metadata
+        f2s, loc = self.token_to_kv_pool.full_to_swa_index_mapping, fb.out_cache_loc
+        with self.device.host_work("draft_kv_inject.translate_loc_from_full_to_swa",
+                                   reads={"full_to_swa": None, "fb.out_cache_loc": None},
+                                   writes={"meta.swa_out_cache_loc": None}):
+            swa_loc = f2s[loc].to(torch.int32)
+        return SimpleNamespace(core_attn_metadata=SimpleNamespace(swa_out_cache_loc=swa_loc))
 
     def chunk_cache(self):
         """The real SparsePrefillChunkCache of the last forward, if one was built (after synchronize)."""
@@ -452,6 +473,7 @@ class SglangModelRunner:
         # one pipeline stage, starting at the first layer
         self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True, world_size=1, rank_in_group=0)
         self.layer_info = SimpleNamespace(start_layer=0)
+        self.pp_size, self.pp_rank = 1, 0  # what 0.5.21's pipeline-proxy sizes read instead of `pp_group`
         self.graph_shared_output = None  # no logits buffer shared with the graphs: the harness has no logits
         # What the prefill graph runner's `__init__` reads of its model runner besides: no LoRA, no layer lists
         # for MoE or MHA companions (the harness's layers own none), the model's dtype, the published server.
@@ -470,7 +492,7 @@ class SglangModelRunner:
         real = api.mods["model_runner"].ModelRunner
         for method in ("_pp_kwargs", "_extend_forward_kwargs", "prepare_dummy_forward_batch"):
             setattr(self, method, MethodType(getattr(real, method), self))
-        # what 0.5.23's prefill graph runner `__init__` asks of the pipeline (the PR-era releases have none of them)
+        # what the prefill graph runner's `__init__` asks of the pipeline (0.5.21 on; the earlier releases have none)
         for method in ("get_pp_proxy_topk_size", "get_pp_proxy_residual_num_blocks", "get_pp_proxy_dspark_hidden_size"):
             if hasattr(real, method):
                 setattr(self, method, MethodType(getattr(real, method), self))
@@ -542,7 +564,7 @@ class SglangModelRunner:
     def _real_backend(self) -> Optional[EagerPath]:
         """SGLang's pools and backend over the session's tables (`real_backend.RealDsv4`), with the path that runs
         an eager EXTEND batch (and its breakable replay) through them; None where the release's backend does not
-        run for real (the PR-era releases).
+        run for real (0.5.19 and 0.5.20).
         The backend's fallback translation through the live mapping is noted (`SwaLocFallback`), as the pool
         stand-in notes it for the object-built backend."""
         session = self.session
