@@ -90,6 +90,34 @@ def test_each_path_runs_clean_through_the_releases_runners(target, harness_devic
         assert published and published[0].stream == "forward"
 
 
+def _counting(monkeypatch, owner, names) -> dict:
+    """Each of `owner`'s methods `names` called through, counted."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        def counted(*args, _real=getattr(owner, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+def test_every_eager_batch_runs_the_releases_own_init_and_forward_where_its_backend_runs_for_real(
+        target, harness_device, monkeypatch, mode):
+    """From 0.5.21 (`Generation.real_backend`) an eager EXTEND batch and the DECODE or TARGET_VERIFY batch after it go
+    through the backend its own `__init__` built, its `init_forward_metadata` and its per-layer `forward`; before,
+    through none of them (the harness's metadata and layers over a backend built without `__init__`)."""
+    second = (Request(15, 1), Request(5, 1)) if mode is ForwardMode.DECODE else (Request(290, 3), Request(4, 2))
+    case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3))),
+                 Batch(mode=mode, requests=second, mutations=(REWRITE,)))
+    calls = _counting(monkeypatch, target.api.backend_cls, ("__init__", "init_forward_metadata", "forward"))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    runs = 3 if target.api.generation.real_backend else 0  # overlapped, barriered, the reference oracle's run
+    assert calls == {"__init__": runs, "init_forward_metadata": 2 * runs,
+                     "forward": 2 * runs * len(DIMS.layer_ratios)}, calls
+
+
 def test_a_cp_case_is_refused_where_the_release_shards_it_across_ranks(target, harness_device):
     case = _case(target, Batch(requests=(Request(6, 5),)), cp_active=True)
     if "cp_active" not in target.cannot_run:
