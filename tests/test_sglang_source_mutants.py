@@ -9,13 +9,17 @@ rows. Needs sglang and its CPU import deps; skipped without them.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
+from harness.sglang_target.api import prepare_triton
 
-import pytest
+prepare_triton()  # before sglang is imported: from 0.5.22 `import sglang` imports triton, which then chooses
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 
 pytest.importorskip("sglang", reason="the sglang package is not installed: the source mutants need "
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
