@@ -38,6 +38,7 @@ from harness.strategies import cases, seed_cases  # noqa: E402
 from harness.targets import TargetSpec  # noqa: E402
 from harness.targets.protocol import (Forward, GraphReplay, LazyBuild, Planned, PlanRead, Publish,  # noqa: E402
                                       Snapshot)
+from tests.test_sglang_releases import _counting  # noqa: E402
 
 # The sizes the installed release's cases run at (0.5.23's backend asserts DSV4's page, head_dim and top-k).
 FIXED_DIMS = tuple(fixed_dims(load_api()).items())
@@ -213,19 +214,6 @@ def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, harne
     result = run_case(target, SPARSE_WITH_REWRITE, harness_device, target_spec=SGLANG)
     assert ("execution", "target-raised") in kinds(result)
     assert "token_to_kv_pool" in result.findings[0].message and "--target sglang" in result.replay
-
-
-def _counting(monkeypatch, owner, names) -> dict:
-    """Each of `owner`'s methods `names` called through, counted."""
-    calls = dict.fromkeys(names, 0)
-    for name in names:
-        real = getattr(owner, name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(owner, name, counted)
-    return calls
 
 
 @pytest.mark.parametrize("name", ["extend-sparse", "extend-dense"])

@@ -148,11 +148,8 @@ class EagerPath:
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
         segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
             _Segments(captured.metadata, captured.compressed_new, captured.index_k_new, graph=True)
-        # SGLang's own dispatch where the release names it (0.5.22 on); 0.5.21's forward decides inline, by the
-        # condition the reference model of the same design takes (what the probe notes: the real forward decides).
-        decide = getattr(backend, "_use_sparse_prefill", self.mr.harness.attn_backend._use_sparse_prefill)
         with self.sglang():
-            sparse = decide(forward_batch, num_qo_tokens=rows)
+            sparse = self.mr.use_sparse_prefill(forward_batch, rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         self.mr.plans.read(PlanKind.METADATA, metadata)
         builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily

@@ -395,6 +395,13 @@ def _entries(package: str) -> dict:
     raise ValueError(f"package={package!r}: allowed: {', '.join(PACKAGES)}")
 
 
+def _refuse_loadable(name: str, stand_in=None) -> None:
+    """RuntimeError where a loadable module (one with a file, not `stand_in`) is already imported as `name`."""
+    present = sys.modules.get(name)
+    if present is not None and present is not stand_in and getattr(present, "__file__", None):
+        raise RuntimeError(f"{name} is already imported from {present.__file__}: it loads, so it is not stood in")
+
+
 def install(package: str = "flash_mla") -> dict:
     """Register the stand-in in sys.modules under `package`'s names: for `flash_mla`, the package,
     `flash_mla.flash_mla_interface` and `flash_mla.fused_norm_rope_attn_rope_cast` (so that the submodule imports
@@ -404,14 +411,10 @@ def install(package: str = "flash_mla") -> dict:
     installed. Raises RuntimeError where a loadable module (one with a file) is already imported under a name."""
     entries = _entries(package)
     for name, module in entries.items():
-        present = sys.modules.get(name)
-        if present is not None and present is not module and getattr(present, "__file__", None):
-            raise RuntimeError(f"{name} is already imported from {present.__file__}: it loads, so it is not stood in")
+        _refuse_loadable(name, module)
     if package == "sgl_kernel.flash_mla":
+        _refuse_loadable("sgl_kernel")
         parent = sys.modules.get("sgl_kernel")
-        if parent is not None and getattr(parent, "__file__", None):
-            raise RuntimeError(f"sgl_kernel is already imported from {parent.__file__}: it loads, so it is not "
-                               "stood in")
         if parent is None:
             parent = types.ModuleType("sgl_kernel", "Holds only the FlashMLA stand-in (sglang-kernel cannot load)")
             parent.__path__ = []

@@ -765,6 +765,13 @@ class SglangModelRunner:
         tc_piecewise replay (`fresh`) still runs the harness's metadata and layers."""
         return self.case.graph_contract == "bcg" and self.runs_real(fb)
 
+    def use_sparse_prefill(self, forward_batch, rows: int) -> bool:
+        """Whether the forward of `rows` query rows takes sparse prefill: SGLang's own dispatch where the release
+        names it (`_use_sparse_prefill`, 0.5.22 on); before, the forward's inline condition, which is the reference
+        model's of the same design."""
+        decide = getattr(self.attn_backend, "_use_sparse_prefill", self.harness.attn_backend._use_sparse_prefill)
+        return decide(forward_batch, num_qo_tokens=rows)
+
     def run_model(self, fb: ForwardBatch, view, store_compressed=None) -> torch.Tensor:
         dims = self.case.dims
         out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
@@ -872,10 +879,7 @@ class SglangModelRunner:
         rows = fb.num_tokens
         if api.is_cp_active(view):  # CP shards the query layout inside the forward
             harness.late_refresh_swa_rows("cp.shard_metadata", fb, range(rows))
-        # SGLang's own dispatch where the version names it (0.5.23); before, the forward's inline condition,
-        # which the harness's layers take from the reference model of the same design.
-        decide = getattr(backend, "_use_sparse_prefill", harness._use_sparse_prefill)
-        sparse = decide(view, num_qo_tokens=rows)
+        sparse = self.use_sparse_prefill(view, rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         self.plans.read(PlanKind.METADATA, backend.forward_metadata)
         for layer, ratio in enumerate(self.case.dims.layer_ratios):
