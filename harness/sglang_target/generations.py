@@ -67,6 +67,10 @@ class Generation:
     # Where the backend imports FlashMLA from: 0.5.23 through its wrapper of the `flash_mla` package (the
     # sgl-flash-mla wheel), the PR-era releases from `sgl_kernel.flash_mla` (the sglang-kernel wheel).
     flash_mla: str = "sgl_kernel.flash_mla"
+    # The SWA window the backend asserts, so its cases run at it: 0.5.19's `make_core_attn_metadata` asserts that
+    # its SWA page size (128) is SWA_WINDOW, 0.5.20's init that it is a multiple. None: the case's window (the
+    # harness sets SWA_WINDOW to it, `platform.swa_window`).
+    swa_window: Optional[int] = None
 
     @property
     def publishes_from_read_end(self) -> bool:
@@ -118,7 +122,7 @@ PR_EARLY = Generation(
     hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
     swa_kernels_module=SPARSE_UTILS, build_takes_core=False, compressed_api="c4",
     context_takes_batch=False, runs_cp=False,
-    stores_stashed_chunk=False)
+    stores_stashed_chunk=False, real_backend=True, swa_window=128)
 
 GENERATIONS = (RESOLVER, PR_LATE, PR_EARLY)
 # The generation of each release on PyPI, read in its wheel (`recognise` is what decides for an installed one).

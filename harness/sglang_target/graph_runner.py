@@ -47,7 +47,7 @@ from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
 from harness.probe import GraphReplay
 from harness.sglang_target.platform import one_dp_rank, rank_zero
-from harness.sglang_target.real_graph import RealGraphs, load_static_inputs
+from harness.sglang_target.real_graph import RealGraphs, bucket_of, load_static_inputs
 
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
 
@@ -128,7 +128,7 @@ class _CapturedMetadata(dict):
 
     def __missing__(self, shape_key):
         # keyed by ShapeKey (0.5.23) or by the bucket's token count (PR-era); captured by the replay's prep
-        self[shape_key] = self.graphs.metadata[getattr(shape_key, "size", shape_key)]
+        self[shape_key] = self.graphs.metadata[bucket_of(shape_key)]
         return self[shape_key]
 
 
@@ -239,9 +239,10 @@ class SglangPrefillGraphRunner:
 
         exec_config = runtime.get_exec()
         group = RankZeroGroup(runtime.get_parallel().tp_size)
-        phases = graph_config.with_phase(exec_config.graph.cuda_graph_config, "prefill",
-                                         backend=graph_config.Backend.BREAKABLE, bs=self.case_buckets(),
-                                         max_context_size=self.mr.session.sizes.max_context)
+        phase = {"backend": graph_config.Backend.BREAKABLE, "bs": self.case_buckets()}
+        if "max_context_size" in {f.name for f in dataclasses.fields(graph_config.PhaseConfig)}:  # 0.5.21 on
+            phase["max_context_size"] = self.mr.session.sizes.max_context
+        phases = graph_config.with_phase(exec_config.graph.cuda_graph_config, "prefill", **phase)
         with mock.patch.object(graph_runner, "resolve_prefill_backend", resolve_prefill_backend), \
                 mock.patch.object(graph_runner, "graph_capture", _graph_capture), \
                 mock.patch.object(graph_runner, "get_or_create_global_graph_capture_stream", _no_capture_stream), \
@@ -331,7 +332,7 @@ class SglangPrefillGraphRunner:
     def _prepare_real_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
         """A bucket of the real path: captured by SGLang on first use (`real_graph.RealGraphs`), its static
         inputs loaded, then SGLang's own replay prep (the backend's refresh and its resolver)."""
-        mr, bucket = self.mr, shape_key.size
+        mr, bucket = self.mr, bucket_of(shape_key)
         padded = self._padded(static_forward_batch, bucket)
         self.real.ensure(bucket, padded)
         self.real.load_inputs(bucket, padded)
@@ -346,7 +347,7 @@ class SglangPrefillGraphRunner:
         model's activations padded as SGLang pads them, and positions, out_cache_loc and input_ids the
         registry's static buffers that `load_batch` filled. `shape_key`: the bucket's ShapeKey (0.5.23) or its
         token count (the PR-era releases)."""
-        mr, bucket = self.mr, getattr(shape_key, "size", shape_key)
+        mr, bucket = self.mr, bucket_of(shape_key)
         padded = self._padded(static_forward_batch, bucket)
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
@@ -361,10 +362,10 @@ class SglangPrefillGraphRunner:
         mr = self.mr
         mr.bridge_delay()
         if mr.real_batch:  # the breakable graph's body: captured segments and SGLang's forward
-            out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[shape_key.size])
+            out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[bucket_of(shape_key)])
             return out.transpose(0, 1)
         out = mr.run_model(mr.replay_batch, static_forward_batch,
-                           store_compressed=self.graphs.replay_store(shape_key.size)).transpose(0, 1)
+                           store_compressed=self.graphs.replay_store(bucket_of(shape_key))).transpose(0, 1)
         return mr.model.logits_output(out) if whole_model else out
 
     def can_run_graph(self, live) -> bool:

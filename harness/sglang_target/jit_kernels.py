@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import types
 
 import torch
@@ -132,9 +133,11 @@ class _FusedStoreModule:
         fused_store_flashmla_v4(input, cache, indices, self.page_size)
 
 
-def _fused_store_module(name, input_dtype, index_dtype, page_size, layout):
-    kv_layout = importlib.import_module("sglang.kernels.ops.attention.dsv4.kv_layout").KVLayout
-    if name != "flashmla" or layout is not kv_layout.V4:
+def _fused_store_module(name, input_dtype, index_dtype, page_size, layout=None):
+    """`layout` None: 0.5.19's and 0.5.20's loader takes none, their store.cuh writing the V4 layout only (the same
+    page, row and scale offsets as 0.5.23's `PagedKV<V4>`)."""
+    v4 = layout is None or layout is importlib.import_module("sglang.kernels.ops.attention.dsv4.kv_layout").KVLayout.V4
+    if name != "flashmla" or not v4:
         raise NotImplementedError(f"fused_store stand-in: only the flashmla V4 store is stood in, not {name} {layout}")
     return _FusedStoreModule(page_size)
 
@@ -305,9 +308,28 @@ class _CompressPlanModule:
     plan_decode_legacy = _not_stood_in.__func__("plan_decode_legacy")
 
 
+class _CompressPlanModuleWithoutRequestRing(_CompressPlanModule):
+    """0.5.19's module: its c_plan.cuh predates the request ring (0.5.20 added `use_req_ring`), so its entry points
+    take every argument but that one and plan as `use_req_ring=False` does."""
+
+    @staticmethod
+    def plan_prefill(*args):
+        *planned, use_cuda_graph = args
+        return plan_compress_prefill(*planned, False, use_cuda_graph)
+
+    @staticmethod
+    def plan_decode(*args):
+        return plan_compress_decode(*args, False)
+
+
 @functools.lru_cache(maxsize=1)
 def _compress_plan_module():
-    return _CompressPlanModule()
+    """The stand-in module of the installed release's c_plan.cuh: its Python wrapper passes `use_req_ring` from
+    0.5.20 on."""
+    generate = importlib.import_module(_COMPRESS).CompressorPrefillPlan.generate
+    if "use_req_ring" in inspect.signature(generate).parameters:
+        return _CompressPlanModule()
+    return _CompressPlanModuleWithoutRequestRing()
 
 
 class _UnpinnedTorch(types.ModuleType):

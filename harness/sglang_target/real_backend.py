@@ -163,8 +163,14 @@ def simulated_capability() -> Iterator[None]:
 
 def fixed_dims(api) -> MappingProxyType:
     """The `Dims` a release's cases run at: DSV4's asserted sizes where its backend runs for real
-    (`Generation.real_backend`), none otherwise (the harness's metadata and layers take any)."""
-    return FIXED_DIMS if api.generation.real_backend else MappingProxyType({})
+    (`Generation.real_backend`), with the SWA window where the release asserts that too (`Generation.swa_window`);
+    none otherwise (the harness's metadata and layers take any)."""
+    generation = api.generation
+    if not generation.real_backend:
+        return MappingProxyType({})
+    if generation.swa_window is None:
+        return FIXED_DIMS
+    return MappingProxyType({**FIXED_DIMS, "swa_window": generation.swa_window})
 
 
 class RealDsv4:
@@ -203,10 +209,11 @@ class RealDsv4:
             hisparse_coordinator=object() if hisparse else None, spec_algorithm=spec_algorithm, is_draft_worker=False,
             server_args=server_args)
         self.model_config = runner.model_config
-        # The model runner's n-gram embedding manager as `NgramEmbeddingManager.from_model` makes it for a model
-        # without n-gram embeddings (DSV4): off. The graph runner's capture reads it.
-        self.ngram_embedding_manager = importlib.import_module(_NGRAM).NgramEmbeddingManager(
-            enabled=False, table=None, n=0)
+        # The model runner's n-gram embedding manager, made by SGLang's `NgramEmbeddingManager.from_model` for a
+        # model without n-gram embeddings (DSV4's config): off. The graph runner's capture reads it.
+        self.ngram_embedding_manager = importlib.import_module(_NGRAM).NgramEmbeddingManager.from_model(
+            model=torch.nn.Module(), model_config=self.model_config, req_to_token_pool=self.req_to_token_pool,
+            max_running_requests=req_to_token.shape[0] - 1, device=device)
         # The server's --speculative-num-draft-tokens, which the backend reads at `__init__` (its verify buffers).
         with switches(api), api.mods["runtime"].get_spec().override(speculative_num_draft_tokens=draft_tokens), \
                 simulated_capability():
@@ -304,10 +311,14 @@ class RealDsv4:
         indexer = importlib.import_module(_INDEXER)
         core, index = metadata.core_attn_metadata, metadata.indexer_metadata
         rows = scores.shape[0]
-        indexer.topk_transform_pytorch_vectorized(
-            scores, index.compressed_seq_lens[:rows], index.page_table[:rows], core.c4_sparse_page_indices[:rows],
-            index.compressed_page_size,
-            None if core.c4_sparse_raw_indices is None else core.c4_sparse_raw_indices[:rows])  # decode keeps none
+        if hasattr(indexer, "topk_transform_pytorch_vectorized"):
+            transform, lens, page_size = (indexer.topk_transform_pytorch_vectorized, index.compressed_seq_lens,
+                                          index.compressed_page_size)
+        else:  # 0.5.19's names for the same transform and fields (0.5.20 renamed them for any compressed ratio)
+            transform, lens, page_size = (indexer.topk_transform_512_pytorch_vectorized, index.c4_seq_lens,
+                                          index.c4_page_size)
+        transform(scores, lens[:rows], index.page_table[:rows], core.c4_sparse_page_indices[:rows], page_size,
+                  None if core.c4_sparse_raw_indices is None else core.c4_sparse_raw_indices[:rows])  # decode keeps none
 
     # -- readers for the oracles ---------------------------------------------------------------------
 

@@ -63,6 +63,12 @@ class CapturedBucket:
     index_k_new: torch.Tensor | None = None
 
 
+def bucket_of(shape_key) -> int:
+    """A bucket's token count from the key SGLang names it by: a ShapeKey (0.5.21 on) or the count itself (0.5.19 and
+    0.5.20 key their replays and captured metadata by it)."""
+    return getattr(shape_key, "size", shape_key)
+
+
 class RealGraphs:
     """The real-backend buckets of one session's breakable prefill-graph runner. `runner`: SGLang's
     `PrefillCudaGraphRunner` object the session drives; `model_runner`: the session's model runner."""
@@ -98,10 +104,11 @@ class RealGraphs:
 
     def captured(self, shape_key) -> None:
         """The graph backend's `capture_one`: the metadata SGLang just planned for the bucket, as captured."""
-        metadata = (self.runner.attn_metadata_buffers or {}).get(shape_key)
+        planned, bucket = self.runner.attn_metadata_buffers or {}, bucket_of(shape_key)
+        metadata = planned.get(shape_key, planned.get(bucket))  # 0.5.19 keys it by the token count, not the ShapeKey
         if metadata is None:
             raise RuntimeError(f"capture of {shape_key}: SGLang planned no captured metadata for it")
-        self.buckets[shape_key.size] = CapturedBucket(bound_at_capture(metadata))
+        self.buckets[bucket] = CapturedBucket(bound_at_capture(metadata))
 
     def load_inputs(self, bucket: int, padded) -> None:
         load_static_inputs(self.mr.harness_device, self.buckets[bucket], padded)
@@ -118,4 +125,4 @@ def load_static_inputs(device, held, padded) -> None:
     device.launch("load_batch.static_inputs", load, writes={"static_inputs": None})
 
 
-__all__ = ["CapturedBucket", "RealGraphs", "bound_at_capture", "load_static_inputs"]
+__all__ = ["CapturedBucket", "RealGraphs", "bound_at_capture", "bucket_of", "load_static_inputs"]

@@ -484,15 +484,16 @@ class SglangModelRunner:
         # FlashInfer's autotune of its MoE and GEMMs): the harness's model has none, so the model runner is marked
         # warmed up, as SGLang marks it once its first runner warmed.
         self._kernel_warmed_up = True
-        # One decode-context-parallel rank, as the PR-era eager runner asks it (0.5.21's name, then 0.5.19's).
+        # One decode-context-parallel rank, as the PR-era eager runner asks it (0.5.21's name, then 0.5.19's); one
+        # pipeline stage where 0.5.19's pipeline-proxy sizes read it (`ps`, its model runner's parallel state).
         self.attn_dcp_size = 1
-        self.ps = SimpleNamespace(attn_dcp_size=1)
+        self.ps = SimpleNamespace(attn_dcp_size=1, pp_size=self.pp_size, pp_rank=self.pp_rank)
         # What the PR-era eager runner reads of the prefill graph runner: only on HIP, which is not modelled.
         self.prefill_cuda_graph_runner = None
         real = api.mods["model_runner"].ModelRunner
         for method in ("_pp_kwargs", "_extend_forward_kwargs", "prepare_dummy_forward_batch"):
             setattr(self, method, MethodType(getattr(real, method), self))
-        # what the prefill graph runner's `__init__` asks of the pipeline (0.5.21 on; the earlier releases have none)
+        # what the prefill graph runner's `__init__` asks of the pipeline (where the release has it)
         for method in ("get_pp_proxy_topk_size", "get_pp_proxy_residual_num_blocks", "get_pp_proxy_dspark_hidden_size"):
             if hasattr(real, method):
                 setattr(self, method, MethodType(getattr(real, method), self))
