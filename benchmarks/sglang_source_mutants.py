@@ -469,7 +469,21 @@ PR_LATE_MUTANTS = _rows(MUTANTS, (
                  "get_swa_out_cache_loc translates the write locations through the live Full-to-SWA mapping in every "
                  "layer, after read-done, instead of taking init's snapshot"),
 )
-TABLES = {"resolver": MUTANTS, "pr-late": PR_LATE_MUTANTS, "pr-early": PR_ERA_MUTANTS}  # by the API generation
+# PR #35947's design as first released in 0.5.19 and 0.5.20 (the `pr-early` generation), whose backend now runs its
+# own __init__, metadata init and forward too: the PR-era rows, and the rows of the tables above whose edit is the
+# same text in both releases (the ones the PR-era rows already carry under their own names left out).
+PR_EARLY_MUTANTS = PR_ERA_MUTANTS + _rows(MUTANTS, (
+    # the backend's own __init__, metadata init and forward, and the verify and decode plans
+    "token_to_kv_pool_unassigned", "prefill_sparse_always_lazy", "store_at_full_slots", "c4_visible_blocks_off_by_one",
+    "verify_seq_lens_not_extended", "verify_lens_not_staged", "verify_compressor_plans_decode",
+    "decode_excludes_own_token",
+    # the breakable graph: the bucket, load_batch, the refresh of the captured metadata, the trim
+    "bucket_bisect_right", "load_batch_pads_nothing", "trim_keeps_padded_rows", "refresh_assigns_c4_out_loc",
+    "refresh_assigns_compress_plan", "refresh_rebinds_c4_sparse_indices",
+    # the eager runner, the idle step and the scheduler's barrier
+    "eager_event_module_of_host", "idle_keeps_metadata", "barrier_waits_forward_after_publish", "barrier_ignores_event",
+)) + _rows(PR_LATE_MUTANTS, ("swa_loc_translated_per_layer",))
+TABLES = {"resolver": MUTANTS, "pr-late": PR_LATE_MUTANTS, "pr-early": PR_EARLY_MUTANTS}  # by the API generation
 LATER_GATES = "hierarchical_cache,hicache_storage,lmcache,hisparse"
 
 

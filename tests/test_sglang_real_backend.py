@@ -15,6 +15,8 @@ Run in the sglang env with TRITON_INTERPRET=1 (set here when no GPU is visible).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import sys
 import time
@@ -394,6 +396,29 @@ def test_decode_plan_standin_follows_c_plan(api):
     assert c128 == [[300, 128 + 299 % 128, (128 + 171 % 128) // 128, (128 + 299 % 128) // 128], [3, 2, 0, 0]]
     with pytest.raises(ValueError, match="use_req_ring"):
         jit_kernels.plan_compress_decode(rids, r2t, f2s, seq, 128, 256, 128, True)
+
+
+def test_the_standins_take_each_releases_loader_arguments(api):
+    """0.5.19's c_plan.cuh predates the request ring (0.5.20 added `use_req_ring`), and 0.5.19's and 0.5.20's store
+    loader takes no layout (their store.cuh writes V4 only): the module for such a release plans as
+    `use_req_ring=False` does, and its store is the V4 one. The installed release gets the module of its own
+    wrapper's arguments."""
+    r2t = torch.arange(600, dtype=torch.int32).view(1, 600) + 256
+    f2s = torch.arange(1000, dtype=torch.int64) * 7 % 997
+    seq, ext, pin = torch.tensor([12]), torch.tensor([9]), torch.empty(16 * 24, dtype=torch.uint8)
+    args = (torch.tensor([0]), r2t, f2s, seq, ext, pin, 16, 4, 256, 8)
+    old = jit_kernels._CompressPlanModuleWithoutRequestRing()
+    for got, want in zip(old.plan_prefill(*args, True), jit_kernels.plan_compress_prefill(*args, False, True)):
+        assert torch.equal(got, want)
+    assert torch.equal(old.plan_decode(torch.tensor([0]), r2t, f2s, seq, 4, 256, 8),
+                       jit_kernels.plan_compress_decode(torch.tensor([0]), r2t, f2s, seq, 4, 256, 8, False))
+    assert isinstance(jit_kernels._fused_store_module("flashmla", torch.bfloat16, torch.int64, 256),
+                      jit_kernels._FusedStoreModule)
+    with pytest.raises(NotImplementedError, match="indexer"):
+        jit_kernels._fused_store_module("indexer", torch.bfloat16, torch.int64, 256)
+    generate = importlib.import_module("sglang.kernels.ops.attention.dsv4.compress").CompressorPrefillPlan.generate
+    takes_ring = "use_req_ring" in inspect.signature(generate).parameters
+    assert (type(jit_kernels._compress_plan_module()) is jit_kernels._CompressPlanModule) == takes_ring
 
 
 # -- the real backend ----------------------------------------------------------------------------------------

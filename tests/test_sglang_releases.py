@@ -41,7 +41,7 @@ SGLANG = TargetSpec("sglang")
 # the policy oracle reports (BENCHMARKS.md, "Races found in released SGLang"); the clean checks leave them off.
 LATER_GATES = frozenset({"hierarchical_cache", "hicache_storage", "lmcache", "hisparse"})
 REWRITE = Mutation("req_to_token_rewrite", count=2)
-# The sizes the release's cases run at: DSV4's where its backend runs for real (0.5.21 on), any before.
+# The sizes the release's cases run at: those its backend asserts (DSV4's; 0.5.19 and 0.5.20 its SWA window too).
 FIXED_DIMS = tuple(fixed_dims(load_api()).items())
 DIMS = Dims(**dict(FIXED_DIMS))
 
@@ -102,18 +102,17 @@ def _counting(monkeypatch, owner, names) -> dict:
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
-def test_every_eager_batch_runs_the_releases_own_init_and_forward_where_its_backend_runs_for_real(
-        target, harness_device, monkeypatch, mode):
-    """From 0.5.21 (`Generation.real_backend`) an eager EXTEND batch and the DECODE or TARGET_VERIFY batch after it go
-    through the backend its own `__init__` built, its `init_forward_metadata` and its per-layer `forward`; before,
-    through none of them (the harness's metadata and layers over a backend built without `__init__`)."""
+def test_every_eager_batch_runs_the_releases_own_init_and_forward(target, harness_device, monkeypatch, mode):
+    """On every release an eager EXTEND batch and the DECODE or TARGET_VERIFY batch after it go through the backend
+    its own `__init__` built, its `init_forward_metadata` and its per-layer `forward`, not the harness's metadata and
+    layers."""
     second = (Request(15, 1), Request(5, 1)) if mode is ForwardMode.DECODE else (Request(290, 3), Request(4, 2))
     case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3))),
                  Batch(mode=mode, requests=second, mutations=(REWRITE,)))
     calls = _counting(monkeypatch, target.api.backend_cls, ("__init__", "init_forward_metadata", "forward"))
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
-    runs = 3 if target.api.generation.real_backend else 0  # overlapped, barriered, the reference oracle's run
+    runs = 3  # overlapped, barriered, the reference oracle's run
     assert calls == {"__init__": runs, "init_forward_metadata": 2 * runs,
                      "forward": 2 * runs * len(DIMS.layer_ratios)}, calls
 

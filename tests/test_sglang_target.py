@@ -344,8 +344,6 @@ def test_retiled_interpreter_launch_matches_sglangs_launch(target, monkeypatch):
     monkeypatch.setattr(RetiledKernel, "ABOVE", 1 << 30)
     original = combine(**args)
     assert torch.equal(retiled[0], original[0]) and torch.equal(retiled[1], original[1])
-    if not target.api.generation.real_backend:
-        return
     # the V4 cache's dequantizer, which the real forward runs over the SWA and compressed caches
     from harness.sglang_target.api import DEQUANT
     from harness.sglang_target.jit_kernels import fused_store_flashmla_v4, v4_page_bytes
@@ -555,27 +553,6 @@ def test_a_captured_segment_keeps_the_tensors_bound_at_capture():
     metadata.core_attn_metadata = SimpleNamespace(out_loc=torch.full((3,), 5.0))
     assert held.core_attn_metadata.out_loc.tolist() == [1.0, 1.0, 1.0]
     assert held.core_attn_metadata.plan.rows.tolist() == [0.0, 0.0]
-
-
-def test_the_pool_stand_in_translates_as_sglangs_pool_does(target, harness_device):
-    """`PoolShim.translate_loc_from_full_to_swa` (a launched read of the live mapping) against the real
-    `DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa` on the same mapping (the PR-era releases' backend
-    reads the harness's pool through it)."""
-    from harness.sglang_target.session import PoolShim
-
-    real_pool_cls = importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool").DeepSeekV4TokenToKVPool
-    device = make_device(harness_device)
-    tdev = device.torch_device
-    mapping = torch.tensor([0, 5, 0, 7, 2, 9, -1], dtype=torch.int64, device=tdev)
-    real = object.__new__(real_pool_cls)
-    real.full_to_swa_index_mapping = mapping
-    shim = PoolShim(SimpleNamespace(full_to_swa_index_mapping=mapping, page_size=4), device,
-                    SimpleNamespace(note=lambda *a, **k: None))
-    loc = torch.tensor([1, 3, 6, 0, 4], dtype=torch.int64, device=tdev)
-    with device.stream(device.forward_stream):
-        ours = shim.translate_loc_from_full_to_swa(loc)
-    device.synchronize()
-    assert ours.tolist() == real.translate_loc_from_full_to_swa(loc).to(torch.int32).tolist() == [5, 7, -1, 0, 2]
 
 
 def test_the_command_line_runs_the_sglang_target_as_a_user_types_it(tmp_path, harness_device):

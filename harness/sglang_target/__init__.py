@@ -54,11 +54,9 @@ class SglangTarget(Target):
         # (`_execute_extend_cp`): one process cannot run it; 0.5.23's DSV4 owns the CP layout in its model.
         self.cannot_run = frozenset() if self.api.generation.runs_cp else frozenset({"cp_active"})
         self.graph_contracts = self.api.graph_contracts  # from 0.5.22 DSV4's prefill graph is the breakable one only
-        # Where the release's backend runs for real, it asserts DSV4's page size, head_dim and top-k.
-        self.fixed_dims = fixed_dims(self.api)
-        self.stand_ins = self.api.stand_ins.describe()  # compiled extensions that could not load, stood in
-        if self.api.generation.real_backend:  # where the real forward runs: FlashMLA, and without a GPU two JIT kernels
-            self.stand_ins += stand_in_rows(self.api)
+        self.fixed_dims = fixed_dims(self.api)  # the release's backend asserts DSV4's page size, head_dim and top-k
+        # compiled extensions that could not load, stood in; for the real forward FlashMLA, without a GPU JIT kernels
+        self.stand_ins = self.api.stand_ins.describe() + stand_in_rows(self.api)
         self._contract_breaks: list[str] | None = None
         # What is alive now (sglang and torch imported, the published server: some 700,000 objects) stays; the
         # collection before each session then walks only what the cases made (see `open`).

@@ -362,7 +362,7 @@ def load_api() -> SglangApi:
                                 f"does not take {want!r} second, as the {generation.name} generation needs")
     kernels_on = _check_kernels(mods["kernels"], version)
     if kernels_on is DeviceKind.CPU:
-        _tune_interpreter(mods["kernels"], mods["swa_kernels"], generation)
+        _tune_interpreter(mods["kernels"], mods["swa_kernels"])
     return SglangApi(version=version, generation=generation, kernels_on=kernels_on, mods=mods, stand_ins=stand_ins)
 
 
@@ -385,7 +385,7 @@ def _check_kernels(kernels, version: str) -> DeviceKind:
     return DeviceKind.CPU if interpreted[TRITON_KERNELS[0]] else DeviceKind.CUDA
 
 
-def _tune_interpreter(kernels, launcher, generation: Generation) -> None:
+def _tune_interpreter(kernels, launcher) -> None:
     """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches.
     `launcher`: the module whose wrapper launches the combine kernel (it holds its own reference to it)."""
     from triton.runtime import interpreter
@@ -399,10 +399,8 @@ def _tune_interpreter(kernels, launcher, generation: Generation) -> None:
     _loop_variables_as_tensors(interpreter)
     _retile(kernels._combine_topk_swa_indices_kernel, "BLOCK_T", {kernels, launcher},
             "_combine_topk_swa_indices_kernel")
-    if generation.real_backend:  # its real forward dequantizes the SWA and compressed caches
-        dequant = importlib.import_module(DEQUANT)
-        _retile(dequant._dequantize_k_cache_paged_kernel, "TOKENS_PER_PROG", {dequant},
-                "_dequantize_k_cache_paged_kernel")
+    dequant = importlib.import_module(DEQUANT)  # the real forward dequantizes the SWA and compressed caches
+    _retile(dequant._dequantize_k_cache_paged_kernel, "TOKENS_PER_PROG", {dequant}, "_dequantize_k_cache_paged_kernel")
 
 
 def _retile(kernel, block: str, modules, name: str) -> None:

@@ -51,19 +51,12 @@ class Generation:
     markers: tuple[tuple[str, str], ...]  # (module, dotted attribute) only this generation has
     names: tuple[tuple[str, str], ...]  # what else this generation must have
     hook: str  # the backend method the runners call between metadata init and the publish
-    kv_buffer: tuple[str, str]  # (backend attribute, class in SPARSE_UTILS): the sparse prefill workspace
     swa_kernels_module: str  # where `build_swa_token_ids` / `combine_topk_swa_indices` are defined
     build_takes_core: bool  # `_build_sparse_prefill_chunk_cache(fb, core_attn_metadata, *, num_qo_tokens)`
     compressed_api: str  # "compressed": ensure_compressed / combine_compressed / layer_inputs; "c4": ensure_c4 ...
     context_takes_batch: bool  # `forward_context(ctx, forward_batch=...)`, as `ModelRunner._forward_raw` enters it
     runs_cp: bool  # a CP batch runs in one process: the model owns the CP layout (CP-TP group sharing)
     stores_stashed_chunk: bool  # with LMCache, the next step's stash stores the chunk just prefilled
-    # The backend and the KV pool are built by their own __init__s, and an eager EXTEND, DECODE or TARGET_VERIFY
-    # batch and a breakable replay run the real metadata init and forward (`real_backend`, `eager`, `real_graph`);
-    # otherwise (0.5.19, 0.5.20) the backend is built without its __init__ and every batch runs the harness's
-    # metadata and layers (not adapted yet: what the real build hands SGLang's `__init__`s is 0.5.21's on; 0.5.19's
-    # `NgramEmbeddingManager`, for one, takes another argument).
-    real_backend: bool = False
     # Where the backend imports FlashMLA from: 0.5.23 through its wrapper of the `flash_mla` package (the
     # sgl-flash-mla wheel), the PR-era releases from `sgl_kernel.flash_mla` (the sglang-kernel wheel).
     flash_mla: str = "sgl_kernel.flash_mla"
@@ -90,10 +83,10 @@ RESOLVER = Generation(
            (SPARSE_UTILS, "SparsePrefillChunkCache.layer_inputs"), (SPARSE_UTILS, "SparsePrefillKVBuffer"),
            (KERNELS, "build_swa_token_ids"), (KERNELS, "combine_topk_swa_indices"),
            (KV_TRANSLATOR, "KVIndexTranslator.own_plan")),
-    hook="resolve_prefill_shared_read_ends", kv_buffer=("sparse_prefill_kv_buffer", "SparsePrefillKVBuffer"),
+    hook="resolve_prefill_shared_read_ends",
     swa_kernels_module=KERNELS, build_takes_core=True, compressed_api="compressed",
     context_takes_batch=True, runs_cp=True,
-    stores_stashed_chunk=True, real_backend=True, flash_mla="flash_mla")
+    stores_stashed_chunk=True, flash_mla="flash_mla")
 
 PR_LATE = Generation(
     name="pr-late", semantics=Semantics.PR,
@@ -105,10 +98,10 @@ PR_LATE = Generation(
            (SPARSE_UTILS, "SparsePrefillChunkCache.combine_compressed"),
            (SPARSE_UTILS, "SparsePrefillChunkCache.layer_inputs"), (SPARSE_UTILS, "SparsePrefillWorkspace"),
            (SPARSE_UTILS, "build_swa_token_ids"), (SPARSE_UTILS, "combine_topk_swa_indices")),
-    hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
+    hook="prepare_prefill_shared_read_snapshot",
     swa_kernels_module=SPARSE_UTILS, build_takes_core=True, compressed_api="compressed",
     context_takes_batch=False, runs_cp=False,
-    stores_stashed_chunk=True, real_backend=True)
+    stores_stashed_chunk=True)
 
 PR_EARLY = Generation(
     name="pr-early", semantics=Semantics.PR,
@@ -119,10 +112,10 @@ PR_EARLY = Generation(
     names=((BASE_BACKEND, "AttentionBackend.prepare_prefill_shared_read_snapshot"),
            (SPARSE_UTILS, "SparsePrefillChunkCache.combine_c4_layer"), (SPARSE_UTILS, "SparsePrefillWorkspace"),
            (SPARSE_UTILS, "build_swa_token_ids"), (SPARSE_UTILS, "combine_topk_swa_indices")),
-    hook="prepare_prefill_shared_read_snapshot", kv_buffer=("sparse_prefill_workspace", "SparsePrefillWorkspace"),
+    hook="prepare_prefill_shared_read_snapshot",
     swa_kernels_module=SPARSE_UTILS, build_takes_core=False, compressed_api="c4",
     context_takes_batch=False, runs_cp=False,
-    stores_stashed_chunk=False, real_backend=True, swa_window=128)
+    stores_stashed_chunk=False, swa_window=128)
 
 GENERATIONS = (RESOLVER, PR_LATE, PR_EARLY)
 # The generation of each release on PyPI, read in its wheel (`recognise` is what decides for an installed one).

@@ -1,8 +1,8 @@
 """The prefill graph runner of `--target sglang`: SGLang's `PrefillCudaGraphRunner`, and what the harness keeps of
 the graphs it captures.
 
-Where the release's backend runs for real (0.5.21 to 0.5.23, `Generation.real_backend`) and the case replays the
-breakable graph (`bcg`), the runner is SGLang's, built by its
+Where a case's batches run the release's backend for real (no CP, no HiSparse: `SglangModelRunner.real_case`) and
+the case replays the breakable graph (`bcg`), the runner is SGLang's, built by its
 own `__init__` as a server builds it at start-up: the phase's configuration from the published server (the
 breakable backend, `cuda_graph_config.prefill.bs`), its bounds and static buffers, the static-buffer registry,
 the graph backend resolved by `resolve_prefill_backend`, the captured-metadata switch and the layer model; then

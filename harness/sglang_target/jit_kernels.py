@@ -1,4 +1,4 @@
-"""Torch stand-ins for the CUDA-only JIT kernels that SGLang 0.5.23's DSV4 backend and KV pool reach on the
+"""Torch stand-ins for the CUDA-only JIT kernels that SGLang's DSV4 backend and KV pool (every release) reach on the
 eager prefill path, where they cannot be built (no GPU, or no matching nvcc arch): each replaces only the
 compiled module that SGLang's own Python loads (`load_jit(...)`), so SGLang's wrapper around it still runs.
 
@@ -32,6 +32,11 @@ Ops replaced, each with its source of truth (the `.cuh` ships in the wheel under
 Not a kernel: `CompressorPrefillPlan.generate` allocates its host scratch with `pin_memory=True`, which needs a
 CUDA driver. `install()` gives that module a `torch` whose `empty` drops `pin_memory` when no CUDA device is
 visible (pinning changes only the copy's speed, and the stand-in planner reads the buffer as plain memory).
+
+The releases before 0.5.23 load the same kernels with other arguments: 0.5.19's and 0.5.20's store loader takes no
+layout (their store.cuh writes the V4 layout only, at the same offsets), and 0.5.19's c_plan.cuh predates the request
+ring (`use_req_ring`, 0.5.20 on), so its planner module takes every argument but that one
+(`_CompressPlanModuleWithoutRequestRing`).
 
 `install()` patches the loaders only where no CUDA device is visible: on a GPU host the real JIT kernels load.
 """

@@ -1,11 +1,12 @@
-"""SGLang's DSV4 attention backend and KV pool (0.5.21, 0.5.22 and 0.5.23: `Generation.real_backend`) as the sglang
-target runs them for an eager EXTEND, DECODE or TARGET_VERIFY batch (and a breakable graph replay, `real_graph.py`):
+"""SGLang's DSV4 attention backend and KV pool (every release, 0.5.19 to 0.5.23) as the sglang target runs them for
+an eager EXTEND, DECODE or TARGET_VERIFY batch (and a breakable graph replay, `real_graph.py`):
 built by their own `__init__`s over the session's tables, planned by the backend's own `init_forward_metadata`
 and called per layer through its own `forward`; and the seams where the harness's model (everything above the
 attention backend) meets them. `session.py` drives them on the harness's device.
 
 What runs, all SGLang's own code (0.5.23 file: entry point; the PR-era releases have the same entry points, their
-PR hook `prepare_prefill_shared_read_snapshot` in place of the resolver, and 0.5.21 decides sparse prefill inline):
+PR hook `prepare_prefill_shared_read_snapshot` in place of the resolver, and 0.5.19 to 0.5.21 decide sparse prefill
+inline):
 
 - `mem_cache/deepseek_v4_memory_pool.py`: `DeepSeekV4TokenToKVPool.__init__` (the SWA pool, the c4 / c128
   compressed pools, the indexer pool, the compress-state pools), `register_mapping` (the session's full->SWA
@@ -26,7 +27,8 @@ Stood in, each because it cannot load here, in `flash_mla.py` and `jit_kernels.p
 truth and a test against its contract): FlashMLA (`get_mla_metadata`, `flash_mla_sparse_fwd`,
 `flash_mla_with_kvcache`) wherever its wheel does not load (on the GPU machine too: 0.5.23 imports it from the
 sgl-flash-mla wheel, the PR-era releases from sglang-kernel's `sgl_kernel.flash_mla`); on a host
-without a GPU the CUDA JIT KV store (`store.cuh`) and the CUDA JIT compressor planner (`c_plan.cuh`), with
+without a GPU the CUDA JIT KV store (`store.cuh`) and the CUDA JIT compressor planner (`c_plan.cuh`, each with the
+installed release's loader arguments), with
 `compress.py`'s pinned scratch unpinned (on a GPU SGLang's own JIT kernels compile and run).
 
 Set, as SGLang's own server sets them on a GPU without DeepGEMM (`arg_groups/model_hook.py`, SM120):
@@ -39,7 +41,8 @@ it stands for while `__init__` runs (`simulated_capability`: 0.5.21 asks it ungu
 DSV4's sizes are asserted by this code (page 256 in `__init__` and `PagedIndexerMetadata`, head_dim 512 in
 `__init__`, index_topk 512 or 1024 in `init_flashmla_related`), so the target draws its cases at them
 (`FIXED_DIMS`); its SWA window stays the case's (`platform.swa_window`: every reader of SGLang's `SWA_WINDOW` is in
-the backend's module).
+the backend's module), but on 0.5.19 and 0.5.20, whose backend asserts its SWA page size (128) against it
+(`Generation.swa_window`).
 
 The harness's (above the backend): each layer's q and SWA latent k (projections, norm, RoPE), the compressed
 latents a layer's compressor would produce and their write through the pool at SGLang's own locations (the
@@ -162,15 +165,10 @@ def simulated_capability() -> Iterator[None]:
 
 
 def fixed_dims(api) -> MappingProxyType:
-    """The `Dims` a release's cases run at: DSV4's asserted sizes where its backend runs for real
-    (`Generation.real_backend`), with the SWA window where the release asserts that too (`Generation.swa_window`);
-    none otherwise (the harness's metadata and layers take any)."""
-    generation = api.generation
-    if not generation.real_backend:
-        return MappingProxyType({})
-    if generation.swa_window is None:
-        return FIXED_DIMS
-    return MappingProxyType({**FIXED_DIMS, "swa_window": generation.swa_window})
+    """The `Dims` a release's cases run at: the sizes its backend asserts (DSV4's page size, head_dim and top-k,
+    the SWA window where the release asserts that too, `Generation.swa_window`)."""
+    window = api.generation.swa_window
+    return FIXED_DIMS if window is None else MappingProxyType({**FIXED_DIMS, "swa_window": window})
 
 
 class RealDsv4:

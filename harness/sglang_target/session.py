@@ -2,10 +2,10 @@
 
 Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
-- on 0.5.21 to 0.5.23 (`Generation.real_backend`), an eager EXTEND batch (a MIXED one too, which SGLang's eager
+- on every release, an eager EXTEND batch (a MIXED one too, which SGLang's eager
   runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (as SGLang's ragged verify: `_as_verify`) with
   neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
-  SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.21 and
+  SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.19 to
   0.5.22) and chunk-cache build, and per layer its `forward` (store, sparse or dense attention), with only compiled
   code stood in (`real_backend.py`, `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in
   where its wheel does not load).
@@ -13,8 +13,8 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
   `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
-- every other batch (draft-extend batches, CP and HiSparse cases, every batch of 0.5.19 and 0.5.20,
-  tc_piecewise replays on the releases that have them) runs the harness's metadata and layers over the same
+- every other batch (draft-extend batches, CP and HiSparse cases, tc_piecewise replays on the releases that have
+  them) runs the harness's metadata and layers over the same
   backend object, as listed under "Replaced" below.
 
 From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
@@ -65,13 +65,12 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   fields from its own gathers; the copy into a graph's static metadata and the breakable-graph refresh are
   SGLang's own methods; `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a
   launched operation on the forward stream, so on the simulator it reads the tables when the stream reaches it;
-  on 0.5.19 and 0.5.20 the backend is built without its `__init__` over the harness's pool (`PoolShim`);
 - the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
   `replay` runs the layers over SGLang's static batch; on the other path the harness's, with captured KV stores
   that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
   segments of `real_graph.py`; its `capture_one` keeps what a graph holds. On the real path the runner is built
   by SGLang's `__init__` and captures at start-up the buckets the case pads to, with the CUDA-graph machinery
-  stood in (`graph_runner.py` lists each piece); on the other path (0.5.19 and 0.5.20, a tc_piecewise replay)
+  stood in (`graph_runner.py` lists each piece); on the other path (a tc_piecewise replay, to 0.5.21)
   the runner is built with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks
   for it;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
@@ -177,47 +176,7 @@ _COMPRESSED_INPUTS = {"compressed": (_c128_inputs_compressed, _c4_inputs_compres
                       "c4": (_c128_inputs_c4_era, _c4_inputs_c4_era)}
 
 
-# -- shims: what the real backend and the publisher read of the pool ----------------------------------------
-
-class PoolShim:
-    """`token_to_kv_pool` as the real backend reads it, over the harness's pool."""
-
-    request_window = None
-
-    def __init__(self, pool, device, probe):
-        self.pool, self.device, self.probe = pool, device, probe
-
-    @property
-    def full_to_swa_index_mapping(self) -> torch.Tensor:
-        return self.pool.full_to_swa_index_mapping
-
-    def get_swa_key_page_size(self) -> int:
-        return self.pool.page_size
-
-    @property
-    def swa_window_size(self) -> int:
-        """The PR-era name of the SWA pool's page size (0.5.19 and 0.5.20 read it for the chunk cache)."""
-        return self.pool.page_size
-
-    @property
-    def swa_page_size(self) -> int:
-        """0.5.20's name of the SWA pool's page size."""
-        return self.pool.page_size
-
-    @property
-    def swa_kv_pool(self) -> SimpleNamespace:
-        """The SWA pool itself, whose page size 0.5.21 and 0.5.22 read for the chunk cache."""
-        return SimpleNamespace(page_size=self.pool.page_size)
-
-    def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
-        """A read of the live mapping, launched; int32 so that the caller's `.to(torch.int32)` keeps this tensor."""
-        f2s = self.pool.full_to_swa_index_mapping
-        fresh = torch.empty(loc.shape, dtype=torch.int32, device=loc.device)
-        self.probe.note(SwaLocFallback())
-        self.device.launch("get_swa_out_cache_loc.retranslate", lambda: fresh.copy_(f2s[loc]),
-                           reads={"full_to_swa": None, "fb.out_cache_loc": None}, writes={"tmp.swa_loc": None})
-        return fresh
-
+# -- shims --------------------------------------------------------------------------------------------------
 
 class _Worker:
     """A model worker whose `last_shared_read_runner` is the real property of `cls`."""
@@ -283,10 +242,8 @@ class SglangSession(ReferenceSession):
     @property
     def contract_entry_points(self) -> tuple[str, ...]:
         """What triage checks on the real backend: the methods this target drives for real, the installed
-        release's hook among them, and where the release's backend runs its own metadata init and forward
-        (`Generation.real_backend`), those two."""
-        real = ("init_forward_metadata", "forward") if self.api.generation.real_backend else ()
-        return self.api.generation.hook, "shared_read_ends", *real
+        release's hook, its metadata init and its forward among them."""
+        return self.api.generation.hook, "shared_read_ends", "init_forward_metadata", "forward"
 
     def __init__(self, api, case: Case, device):
         if case.semantics != api.semantics:
@@ -333,8 +290,7 @@ class SglangSession(ReferenceSession):
         `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here); the
         prefix's KV also in SGLang's pool, where an eager EXTEND batch reads it."""
         fb = super().load(world)
-        if self.model_runner.eager is not None:
-            self.model_runner.eager.load(world)
+        self.model_runner.eager.load(world)
         return dataclasses.replace(fb, seq_lens=fb.seq_lens.to(torch.int64),
                                    req_pool_indices=fb.req_pool_indices.to(torch.int64))
 
@@ -497,18 +453,16 @@ class SglangModelRunner:
         for method in ("get_pp_proxy_topk_size", "get_pp_proxy_residual_num_blocks", "get_pp_proxy_dspark_hidden_size"):
             if hasattr(real, method):
                 setattr(self, method, MethodType(getattr(real, method), self))
-        self.eager = self._real_backend()  # the real backend's path for eager EXTEND batches, where it runs
-        # The KV pool SGLang's code sees: SGLang's own where the backend runs for real, else the harness's.
-        self.token_to_kv_pool = self.eager.real.pool if self.eager is not None else session.token_to_kv_pool
+        self.eager = self._real_backend()  # the real backend's path for the batches that run it
+        self.token_to_kv_pool = self.eager.real.pool  # the KV pool SGLang's code sees: SGLang's own
         self.kv_index_translator = api.mods["kv_translator"].KVIndexTranslator(
             req_to_token=session.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=None,
             token_to_kv_pool=self.token_to_kv_pool, page_size=case.dims.page_size, device=self.device)
-        if self.eager is not None:  # after the translator took the pool's own method
-            self._note_fallback(self.token_to_kv_pool)
-            # What the graph runner's capture reads of its model runner: SGLang's own request pool and config.
-            real = self.eager.real
-            self.req_to_token_pool, self.model_config = real.req_to_token_pool, real.model_config
-            self.ngram_embedding_manager = real.ngram_embedding_manager
+        self._note_fallback(self.token_to_kv_pool)  # after the translator took the pool's own method
+        # What the graph runner's capture reads of its model runner: SGLang's own request pool and config.
+        real = self.eager.real
+        self.req_to_token_pool, self.model_config = real.req_to_token_pool, real.model_config
+        self.ngram_embedding_manager = real.ngram_embedding_manager
         self.model = HarnessModel(self)
         self.live_batch: Optional[ForwardBatch] = None  # the harness batch of the forward in flight
         self.replay_batch: Optional[ForwardBatch] = None  # its padded form during a graph replay
@@ -556,21 +510,16 @@ class SglangModelRunner:
     # -- the backend and the eager runner ----------------------------------------------------------
 
     def _build_backend(self):
-        """The release's backend with the resolver observed (`_observe_resolver`): built by its own `__init__`
-        over SGLang's pools where the release's backend runs for real (`Generation.real_backend`), else without it."""
-        backend = self.eager.real.backend if self.eager is not None else self._object_built_backend()
+        """The release's backend, built by its own `__init__` over SGLang's pools, with the resolver observed
+        (`_observe_resolver`)."""
+        backend = self.eager.real.backend
         self._observe_resolver(backend)
         return backend
 
-    def _real_backend(self) -> Optional[EagerPath]:
+    def _real_backend(self) -> EagerPath:
         """SGLang's pools and backend over the session's tables (`real_backend.RealDsv4`), with the path that runs
-        an eager EXTEND batch (and its breakable replay) through them; None where the release's backend does not
-        run for real (0.5.19 and 0.5.20).
-        The backend's fallback translation through the live mapping is noted (`SwaLocFallback`), as the pool
-        stand-in notes it for the object-built backend."""
+        an eager batch (and its breakable replay) through them."""
         session = self.session
-        if not self.api.generation.real_backend:
-            return None
         dims, pool = self.case.dims, session.token_to_kv_pool
         real = RealDsv4(self.api, req_to_token=session.req_to_token_pool.req_to_token,
                         full_to_swa=pool.full_to_swa_index_mapping, full_size=pool.size,
@@ -599,22 +548,6 @@ class SglangModelRunner:
             return translate(kv_indices)
 
         pool.translate_loc_from_full_to_swa = noted
-
-    def _object_built_backend(self):
-        """The backend as SGLang's own unit tests build it (no `__init__`), over the harness's pool."""
-        api, session = self.api, self.session
-        tdev = self.harness_device.torch_device
-        backend = object.__new__(api.backend_cls)
-        backend.model_runner = self
-        backend.device = tdev
-        backend.req_to_token_pool = session.req_to_token_pool
-        backend.req_to_token = session.req_to_token_pool.req_to_token
-        backend.token_to_kv_pool = PoolShim(session.token_to_kv_pool, self.harness_device, self.probe)
-        backend.hisparse_coordinator = object() if self.case.flags.hisparse else None
-        backend.forward_metadata = None
-        buffer_attr, buffer_cls = api.generation.kv_buffer
-        setattr(backend, buffer_attr, getattr(api.mods["sparse_utils"], buffer_cls)(tdev))
-        return backend
 
     def _observe_resolver(self, backend) -> None:
         """The real resolver, called through (as host work on the forward stream for a batch of the real path);
@@ -751,7 +684,7 @@ class SglangModelRunner:
         """Whether the case's batches may run SGLang's metadata init and forward: where the real backend runs,
         without CP or HiSparse (their layouts and per-layer translations are the harness's)."""
         flags = self.case.flags
-        return self.eager is not None and not flags.cp_active and not flags.hisparse
+        return not flags.cp_active and not flags.hisparse
 
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
