@@ -2,8 +2,8 @@
 
 The API generation is recognised from the package; its cases are of the semantics the generation implements
 (`pr` for 0.5.19 to 0.5.22, whose DSV4 backend snapshots for the DFLASH family only, `0.5.23` after); each
-runs through that release's own eager and graph runners, hook, publisher and scheduler loop (from 0.5.21 its
-backend's own init and forward too). CI runs this file on 0.5.23, on 0.5.22 and on the oldest PR-era release,
+runs through that release's own eager and graph runners, hook, publisher and scheduler loop, and its backend's
+own `__init__`, metadata init and forward. CI runs this file on 0.5.23, on 0.5.22 and on the oldest PR-era release,
 0.5.19 (`.ci/run`); skipped without sglang.
 """
 
@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 pytest.importorskip("sglang", reason="the sglang package is not installed: --target sglang needs one release "
                                      "(harness/sglang_target/__init__.py says how)")
 
+import dataclasses  # noqa: E402
 from importlib.metadata import version as dist_version  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -72,6 +73,9 @@ def test_the_release_is_recognised_and_named(target):
     assert target.cannot_run == (frozenset() if semantics == "0.5.23" else frozenset({"cp_active"}))
     # tc_piecewise (the `fresh` contract) is a prefill backend to 0.5.21; 0.5.22 removed it
     assert target.graph_contracts == (("bcg",) if INSTALLED in ("0.5.22", "0.5.23") else ("fresh", "bcg"))
+    # the sizes its backend asserts: DSV4's page, head_dim and top-k; 0.5.19's and 0.5.20's SWA window too
+    assert target.fixed_dims == {"page_size": 256, "head_dim": 512, "index_topk": 512, "kv_format": "fp8_v4",
+                                 **({"swa_window": 128} if INSTALLED in ("0.5.19", "0.5.20") else {})}
 
 
 @pytest.mark.parametrize("shape", ["eager-sparse", "eager-dense", "graph-fresh", "graph-bcg"])
@@ -115,6 +119,19 @@ def test_every_eager_batch_runs_the_releases_own_init_and_forward(target, harnes
     runs = 3  # overlapped, barriered, the reference oracle's run
     assert calls == {"__init__": runs, "init_forward_metadata": 2 * runs,
                      "forward": 2 * runs * len(DIMS.layer_ratios)}, calls
+
+
+@pytest.mark.parametrize("field", ["page_size", "swa_window"])
+def test_a_case_off_the_sizes_the_backend_asserts_is_refused_naming_the_field(target, harness_device, field):
+    """Before any work (exit 2): DSV4's page size on every release; the SWA window where the release's backend
+    asserts it (0.5.19, 0.5.20); elsewhere the case's window runs."""
+    case = dataclasses.replace(_case(target, Batch(requests=(Request(6, 5),))),
+                               dims=dataclasses.replace(DIMS, **{field: 64}))
+    if field not in target.fixed_dims:
+        assert run_case(target, case, harness_device, target_spec=SGLANG).findings == []
+        return
+    with pytest.raises(InvalidArgument, match=f"case dims.{field}=64: the installed sglang {INSTALLED}"):
+        target.open(case, make_device(harness_device))
 
 
 def test_a_cp_case_is_refused_where_the_release_shards_it_across_ranks(target, harness_device):
