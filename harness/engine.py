@@ -117,7 +117,7 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} ({where})"
 
 
-_LIBRARY_PATHS = ("torch/", "triton/", "contextlib", "functools", "unittest/", "harness/observe/")
+_LIBRARY_PATHS = ("torch/", "triton/", "contextlib", "functools", "unittest/", "harness/observe/", "harness/device/memcheck")
 
 
 def _short_path(filename: str) -> str:

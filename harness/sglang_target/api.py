@@ -41,7 +41,7 @@ from importlib.metadata import version as dist_version
 from typing import Any
 
 from harness.case import GRAPH_CONTRACTS
-from harness.device import DeviceKind
+from harness.device import DeviceKind, memcheck
 from harness.errors import EnvironmentBroken
 from harness.semantics import Semantics
 from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_BACKEND, BUFFER_REGISTRY, GENERATIONS,
@@ -386,8 +386,9 @@ def _check_kernels(kernels, version: str) -> DeviceKind:
 
 
 def _tune_interpreter(kernels, launcher) -> None:
-    """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches.
-    `launcher`: the module whose wrapper launches the combine kernel (it holds its own reference to it)."""
+    """The interpreter's settings for the simulator: overflow checks off, wide tiles for large launches, every
+    memory access checked (`memcheck`). `launcher`: the module whose wrapper launches the combine kernel (it holds
+    its own reference to it)."""
     from triton.runtime import interpreter
 
     # The interpreter checks every int32 add/sub/mul for overflow, a debug check that compiled kernels run
@@ -397,6 +398,7 @@ def _tune_interpreter(kernels, launcher) -> None:
     if builder is not None and options_cls is not None and getattr(builder.options, "sanitize_overflow", False):
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
     _loop_variables_as_tensors(interpreter)
+    memcheck.install(interpreter)  # an interpreted kernel's stray access is a finding, not a corrupted heap
     _retile(kernels._combine_topk_swa_indices_kernel, "BLOCK_T", {kernels, launcher},
             "_combine_topk_swa_indices_kernel")
     dequant = importlib.import_module(DEQUANT)  # the real forward dequantizes the SWA and compressed caches

@@ -279,14 +279,20 @@ class RealDsv4:
         return named
 
     # -- the harness's writes: KV history, compressed latents ------------------------------------------
+    # Nothing to store stores nothing, as SGLang's compressor returns before its store when no block completes
+    # (`compressor_v2`: `if kv_to_store.shape[0] == 0: return`): 0.5.19's and 0.5.20's store kernel launches an
+    # empty grid for no rows, which CUDA refuses (invalid argument); 0.5.21 on returns first.
 
     def write_swa(self, layer_id: int, swa_loc: torch.Tensor, k: torch.Tensor) -> None:
         """Latents [n, 512] at SWA slots `swa_loc`, through the pool's own fused store (an earlier forward's KV)."""
-        self.pool.set_swa_key_buffer_radix_fused(layer_id=layer_id, swa_loc=swa_loc, cache_k=k.to(torch.bfloat16))
+        if swa_loc.numel():
+            self.pool.set_swa_key_buffer_radix_fused(layer_id=layer_id, swa_loc=swa_loc,
+                                                     cache_k=k.to(torch.bfloat16))
 
     def write_compressed(self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor) -> None:
         """Compressed latents [n, 512] at compressed-pool slots `loc`, through the pool's own store."""
-        self.pool.set_extra_key_buffer_fused(layer_id=layer_id, loc=loc, cache_k=latent.to(torch.bfloat16))
+        if loc.numel():
+            self.pool.set_extra_key_buffer_fused(layer_id=layer_id, loc=loc, cache_k=latent.to(torch.bfloat16))
 
     def compressor_writes(self, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where this batch's compressor writes for `ratio`, as SGLang's compressor takes it (its HIP path,
