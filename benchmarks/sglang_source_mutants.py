@@ -2,9 +2,9 @@
 
 Each mutant is one textual edit of the installed sglang (a regression someone could commit: a gate dropped,
 a snapshot step skipped, an off-by-one). The table is the installed release's: `MUTANTS` for 0.5.23, the
-resolver design; `PR_ERA_MUTANTS` for 0.5.19 and 0.5.20, the PR's own design (what its unit tests pin down,
-and its code paths); `PR_LATE_MUTANTS` for 0.5.21 and 0.5.22, the same design with the backend's own init and
-forward running. The PR-era campaigns run `--semantics pr` without the gates that arrived later
+resolver design; `PR_EARLY_MUTANTS` for 0.5.19 and 0.5.20, the PR's own design (`PR_ERA_MUTANTS`: what its
+unit tests pin down, and its code paths) and the rows of its backend's own init, forward and graph refresh;
+`PR_LATE_MUTANTS` for 0.5.21 and 0.5.22, the same design as released later. The PR-era campaigns run `--semantics pr` without the gates that arrived later
 (`LATER_GATES`: a PR-era release publishes under them, which is reported apart). The package is linked into a
 scratch folder, the one file is rewritten there, and `python -m harness run --target sglang` runs with that
 copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean copy is
