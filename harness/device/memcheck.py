@@ -16,7 +16,6 @@ argument storages, its builder's memory operations check against them. Nothing e
 
 from __future__ import annotations
 
-import bisect
 import functools
 from dataclasses import dataclass
 
@@ -66,7 +65,7 @@ class LaunchRegions:
         """Where the first stray address lies against the arguments' storages, for the message."""
         if not self.regions:
             return "the launch has no tensor argument"
-        at = bisect.bisect_right([r.start for r in self.regions], address) - 1
+        at = int(np.searchsorted(self.starts, np.uint64(address), side="right")) - 1
         if at >= 0 and address >= self.regions[at].start:
             region = self.regions[at]
             return (f"{address + itemsize - region.end} byte(s) past the end of argument {region.name!r} "
