@@ -61,7 +61,7 @@ class Generation:
     # sgl-flash-mla wheel), the PR-era releases from `sgl_kernel.flash_mla` (the sglang-kernel wheel).
     flash_mla: str = "sgl_kernel.flash_mla"
     # The SWA window the backend asserts, so its cases run at it: 0.5.19's `make_core_attn_metadata` asserts that
-    # its SWA page size (128) is SWA_WINDOW, 0.5.20's init that it is a multiple. None: the case's window (the
+    # its SWA page size (128) is SWA_WINDOW, 0.5.20's `_build_forward_metadata` that it is a multiple. None: the case's window (the
     # harness sets SWA_WINDOW to it, `platform.swa_window`).
     swa_window: Optional[int] = None
 
