@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
-from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry, edge,
-                             runner)
+from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, RUNNERS, STALE_PADDING, THRESHOLD_EDGES, TOKEN_DECADES, Value,
+                             carry, edge, runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
@@ -38,13 +38,23 @@ from harness.semantics import Semantics
 from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
                                 flags, for_target, large_dims, publishes, skewed_requests, small_dims)
 
-FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 65 values; a case reaches ten or so)
+FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 66 values; a case reaches ten or so)
 # The gates of the table and the switch that closes each (READ_DONE off and open need none).
 GATE_SWITCHES = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse",
                  **{name: name for name in KV_OFFLOAD}}
 # A second replay of a bucket: modes that keep the batch's requests (a MIXED batch gains a decode request, which
 # can move it to the next bucket).
 _REUSING_MODES = [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY]
+# A first replay with a smaller padded one below it (2 tokens pad to 4); the smaller one's prefixes kept short, as
+# the replayable requests' are.
+_PADDABLE = REPLAYABLE.filter(lambda reqs: sum(r.extend_len for r in reqs) >= 3)
+_FEWER_PREFIX = 48
+
+
+def padded_counts_below(tokens: int) -> list[int]:
+    """The token counts under `tokens` that the prefill graph replays padded (a bucket above the count, within the
+    runner's padding bound)."""
+    return [n for n in range(1, tokens) if graph_bucket(n) not in (None, n)]
 
 
 @dataclass(frozen=True)
@@ -53,8 +63,9 @@ class Aim:
     the case closes (a gate of the table, "spec", "bcg", or "open" for none); `spec`: None draws one that agrees
     with `closed`; `graph`: None draws eager or replayed; `reuse`: a second replay of the first batch's bucket,
     `between`: with a replay of another bucket before it, `reuse_mode`: that replay's mode (None: drawn);
-    `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
-    drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
+    `fewer`: a second replay, an EXTEND batch of fewer live tokens than the first and padded, so its padded rows are
+    rows the first had live; `tokens`: the first batch's token count (None: a small batch of a few requests), at the
+    sizes `dims` (None: drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
 
     closed: str = "open"
     spec: Optional[SpeculativeAlgorithm] = None
@@ -63,6 +74,7 @@ class Aim:
     reuse: bool = False
     between: bool = False
     reuse_mode: Optional[ForwardMode] = None
+    fewer: bool = False
     tokens: Optional[SearchStrategy] = None
     dims: Optional[Dims] = None
     kinds: tuple[str, ...] = MUTATION_KINDS
@@ -145,7 +157,7 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
     spec = aim.spec or draw(st.sampled_from([s for s in SpeculativeAlgorithm
                                              if publishes(s, semantics) != (closed == "spec")]))
     if aim.tokens is None:
-        dims, reqs = draw(small_dims()), draw(REPLAYABLE if aim.graph else ANY_REQUESTS)
+        dims, reqs = draw(small_dims()), draw(_PADDABLE if aim.fewer else REPLAYABLE if aim.graph else ANY_REQUESTS)
     else:
         total = draw(aim.tokens)
         dims, reqs = aim.dims or draw(large_dims(total, budget)), draw(skewed_requests(total))
@@ -161,6 +173,11 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
         again = draw(batch(hisparse=f.hisparse, reqs=first.requests, modes=[aim.reuse_mode] if aim.reuse_mode
                            else _REUSING_MODES, kinds_on=set(aim.kinds)))
         batches.append(replace(again, graph=True))
+    if aim.fewer:
+        live = draw(st.sampled_from(padded_counts_below(first.num_tokens)))
+        fewer = draw(batch(hisparse=f.hisparse, reqs=draw(skewed_requests(live, max_prefix=_FEWER_PREFIX)),
+                           modes=[ForwardMode.EXTEND], kinds_on=set(aim.kinds)))
+        batches.append(replace(fewer, graph=True))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches), graph_contract=aim.contract,
                 delay_cycles=draw(st.sampled_from(DELAYS)), data_seed=draw(st.integers(0, 2**16)))
 
@@ -228,4 +245,6 @@ _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
     # a sparse replay (the switch on: its EXTEND batch builds the chunk cache at any size) whose bucket a sparse
     # EXTEND batch (the one that would read a kept cache) replays again, at once or after another bucket's replay
     "carry": lambda value, semantics, budget: (_CARRIES[value],),
+    # a replay, then a smaller padded EXTEND replay whose padded rows the first had live
+    "padding": lambda value, semantics, budget: (Aim(graph=True, fewer=True),),
 }
