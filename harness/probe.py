@@ -115,6 +115,10 @@ class GraphReplay(ProbeRecord):
     """The captured bucket (query rows) the batch was padded to."""
     tokens: int
     """The batch's live query tokens."""
+    stale_padded_rows: int = 0
+    """How many of the bucket's padded rows the runner handed the replay with an input id, a position or an output
+    slot other than 0, what SGLang's prefill registry pads them with (`PaddingPolicy.ZERO`: the dummy slot 0): such a
+    row holds what an earlier step left there, and its store lands in that step's KV slot."""
 
 
 @dataclass(frozen=True)

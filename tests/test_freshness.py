@@ -16,7 +16,7 @@ from harness.mutants.corpus import mutant_target
 from harness.oracles.freshness import freshness_oracle
 from harness.oracles.registry import Judged
 from harness.policy import graph_bucket
-from harness.probe import PlanKind, Planned, PlanRead
+from harness.probe import GraphReplay, PlanKind, Planned, PlanRead
 from harness.strategies import cases
 from harness.targets import ReferenceTarget
 
@@ -85,3 +85,12 @@ def test_the_strategies_draw_idle_steps_and_bucket_changes():
 
     collect()
     assert seen == {"idle step", "bucket change"}
+
+
+def test_a_replay_whose_padded_rows_hold_an_earlier_steps_values_is_stale_and_one_padded_afresh_is_not():
+    fresh = freshness_oracle(judged([GraphReplay(bucket=4, tokens=3)], [GraphReplay(bucket=12, tokens=9)]))
+    kept = freshness_oracle(judged([GraphReplay(bucket=12, tokens=10)],
+                                   [GraphReplay(bucket=4, tokens=3, stale_padded_rows=1)]))
+    assert fresh == []
+    assert [(f.kind, f.batch, f.details) for f in kept] == [("stale-padding", 1, {"bucket": 4, "tokens": 3})]
+    assert "1 of its 1 padded rows" in kept[0].message

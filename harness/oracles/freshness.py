@@ -10,6 +10,11 @@ of what it read); every read plan must have been planned earlier in the same bat
 steps (which must read nothing planned), refused replays (the eager path plans afresh), bucket changes (each
 bucket's captured metadata is refilled, its cache reset) and speculative steps.
 
+The same holds for a graph replay's padded rows: SGLang's prefill registry pads them afresh every replay (input
+id, position and output slot 0, the dummy slot), and a padded row that still holds an earlier step's slot stores its
+latent into that step's KV (`GraphReplay.stale_padded_rows`, which the sglang target counts in the static batch SGLang's
+`load_batch` made).
+
 A read of something without a plan number (`PlanRead.plan` None outside an idle step) is not judged: a target
 that does not number its plans is judged by the other oracles. The sglang target numbers SGLang's own objects by
 identity (`harness.sglang_target.plans`).
@@ -19,10 +24,10 @@ from __future__ import annotations
 
 from harness.findings import Finding
 from harness.oracles.registry import Judged, oracle
-from harness.targets.protocol import Planned, PlanRead
+from harness.targets.protocol import GraphReplay, Planned, PlanRead
 
 
-@oracle("freshness", "a forward read metadata or a chunk cache planned for another batch")
+@oracle("freshness", "a forward read metadata, a chunk cache or padded rows planned for another batch")
 def freshness_oracle(judged: Judged) -> list[Finding]:
     run, batches = judged.overlapped, judged.case.batches
     planned_in: dict[tuple, int] = {}  # (kind, plan) -> the batch that planned it
@@ -41,4 +46,10 @@ def freshness_oracle(judged: Judged) -> list[Finding]:
                                    f"batch {index} ({batches[index].mode.name}) read {record.kind.value} planned for "
                                    f"{where}, not for itself (plan {record.plan})", index,
                                    details={"plan": record.kind.value, "planned_in": origin}))
+            elif isinstance(record, GraphReplay) and record.stale_padded_rows:
+                out.append(Finding("freshness", "stale-padding",
+                                   f"batch {index} ({batches[index].mode.name}) replayed bucket {record.bucket} with "
+                                   f"{record.stale_padded_rows} of its {record.bucket - record.tokens} padded rows "
+                                   f"holding an earlier step's input id, position or output slot, not 0 (the dummy "
+                                   f"slot)", index, details={"bucket": record.bucket, "tokens": record.tokens}))
     return out

@@ -329,6 +329,17 @@ class SglangPrefillGraphRunner:
                                    out_cache_loc=static_forward_batch.out_cache_loc,
                                    input_ids=static_forward_batch.input_ids)
 
+    def _note_replay(self, static_forward_batch, bucket: int) -> None:
+        """The replay, with how many of the bucket's padded rows SGLang's `load_batch` handed it holding something other
+        than 0: its prefill registry pads input ids, positions and output slots with 0 (the dummy slot) every replay
+        (`PaddingPolicy.ZERO`), so a row that does not held an earlier step's token. Read before the publish, in the
+        static batch SGLang built (on CUDA this waits for the registry's copies, not for any forward)."""
+        live = self.mr.live_batch.num_tokens
+        rows = slice(live, bucket)
+        stale = ((static_forward_batch.input_ids[rows] != 0) | (static_forward_batch.positions[rows] != 0)
+                 | (static_forward_batch.out_cache_loc[rows] != 0))
+        self.mr.probe.note(GraphReplay(bucket=bucket, tokens=live, stale_padded_rows=int(stale.sum())))
+
     def _prepare_real_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
         """A bucket of the real path: captured by SGLang on first use (`real_graph.RealGraphs`), its static
         inputs loaded, then SGLang's own replay prep (the backend's refresh and its resolver)."""
@@ -336,7 +347,7 @@ class SglangPrefillGraphRunner:
         padded = self._padded(static_forward_batch, bucket)
         self.real.ensure(bucket, padded)
         self.real.load_inputs(bucket, padded)
-        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
+        self._note_replay(static_forward_batch, bucket)
         mr.replay_batch = padded
         return real_prepare(forward_batch, static_forward_batch, shape_key)
 
@@ -351,7 +362,7 @@ class SglangPrefillGraphRunner:
         padded = self._padded(static_forward_batch, bucket)
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
-        mr.probe.note(GraphReplay(bucket=bucket, tokens=mr.live_batch.num_tokens))
+        self._note_replay(static_forward_batch, bucket)
         mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
         return real_prepare(forward_batch, static_forward_batch, shape_key)
 
