@@ -34,7 +34,7 @@ from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets import TargetSpec  # noqa: E402
-from harness.targets.protocol import Publish  # noqa: E402
+from harness.targets.protocol import GraphReplay, Publish  # noqa: E402
 
 INSTALLED = dist_version("sglang")
 SGLANG = TargetSpec("sglang")
@@ -214,3 +214,23 @@ def test_lmcache_stores_the_stashed_chunk_unordered_where_the_release_publishes_
         assert not races
     if target.semantics == "0.5.23":
         assert result.findings == [], [f.message for f in result.findings]
+
+
+def test_a_replays_padded_rows_are_sglangs_zeros_and_a_registry_that_keeps_them_is_found_stale(
+        target, harness_device, monkeypatch):
+    """Every release's prefill registry pads a replay's input ids, positions and output slots with 0 (the dummy slot)
+    every replay; the replay notes how many padded rows hold anything else. Two breakable replays, the second of
+    fewer live tokens (3, padded to 4) than the first (10): clean, no padded row holds anything else. With the
+    registry's `GraphSlot.reset_padding` a no-op (every slot keeps its padded tail, as `PaddingPolicy.KEEP_PAD`
+    does), the second replay's padded row holds the first replay's token, and `freshness` says so."""
+    case = _case(target, Batch(requests=(Request(2, 6), Request(0, 4)), graph=True, mutations=(REWRITE,)),
+                 Batch(requests=(Request(1, 3),), graph=True, mutations=(REWRITE,)), contract="bcg")
+    clean = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert clean.findings == [], [f.message for f in clean.findings]
+    replays = [r for batch in clean.overlapped.notes for r in batch if isinstance(r, GraphReplay)]
+    assert [(r.bucket, r.tokens, r.stale_padded_rows) for r in replays] == [(12, 10, 0), (4, 3, 0)]
+    monkeypatch.setattr(target.api.mods["buffer_registry"].GraphSlot, "reset_padding", lambda self, raw, padded: None)
+    kept = run_case(target, case, harness_device, target_spec=SGLANG, oracles=frozenset({"freshness"}))
+    stale = [f for f in kept.findings if f.kind == "stale-padding"]
+    assert stale and stale[0].batch == 1 and "1 of its 1 padded rows" in stale[0].message, \
+        [f.message for f in kept.findings]

@@ -615,31 +615,6 @@ def test_an_idle_step_that_keeps_the_metadata_is_found_stale(target, harness_dev
         [f.message for f in result.findings]
 
 
-def _smaller_padded_replay_case() -> Case:
-    """Two prefill replays, the second of fewer live tokens (3, padded to the bucket of 4): its padded row is a
-    row the first (10 tokens) had live."""
-    return Case(dims=DIMS, graph_contract="bcg", batches=(
-        Batch(requests=(Request(2, 6), Request(0, 4)), graph=True, mutations=(REWRITE,)),
-        Batch(requests=(Request(1, 3),), graph=True, mutations=(REWRITE,))))
-
-
-def test_a_replay_s_padded_rows_are_sglangs_zeros_and_a_registry_that_keeps_them_is_found_stale(
-        target, harness_device, monkeypatch):
-    """SGLang's prefill registry pads a replay's input ids, positions and output slots with 0 (the dummy slot) every
-    replay; the replay notes how many padded rows hold anything else. Clean: none, in both replays. With the
-    registry's `GraphSlot.reset_padding` a no-op (every slot keeps its padded tail, as `PaddingPolicy.KEEP_PAD`
-    does), the second replay's padded row holds the first replay's token, and `freshness` says so."""
-    case = _smaller_padded_replay_case()
-    clean = run_case(target, case, harness_device, target_spec=SGLANG)
-    assert clean.findings == [], [f.message for f in clean.findings]
-    assert [(r.bucket, r.tokens, r.stale_padded_rows) for r in notes(clean, GraphReplay)] == [(12, 10, 0), (4, 3, 0)]
-    monkeypatch.setattr(target.api.mods["buffer_registry"].GraphSlot, "reset_padding", lambda self, raw, padded: None)
-    kept = run_case(target, case, harness_device, target_spec=SGLANG, oracles=frozenset({"freshness"}))
-    stale = [f for f in kept.findings if f.kind == "stale-padding"]
-    assert stale and stale[0].batch == 1 and "1 of its 1 padded rows" in stale[0].message, \
-        [f.message for f in kept.findings]
-
-
 @pytest.mark.parametrize("cp_active", [False, True])
 def test_a_case_runs_on_a_server_with_cp_only_where_it_turns_cp_on(target, cp_active):
     """The server a case runs on has the harness's CP width only where the case turns CP on (SGLang refuses its
