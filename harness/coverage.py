@@ -56,12 +56,15 @@ def carry(contract: str, order: str) -> str:
 
 CARRIES = tuple(carry(contract, order) for contract in GRAPH_CONTRACTS for order in CARRY_ORDERS)
 
-# What a replay's padded rows read in the static buffers (positions, out_cache_loc, the model's inputs): SGLang's
-# `load_batch` pads them afresh (query position 0, the dummy slot 0). Where the prefill graph replay before it had
-# more live rows, those positions still hold that batch's values, so a load that leaves its padded rows alone
-# writes this batch's padded latents into that batch's KV slots. The modes the prefill graph runner replays (SGLang's
-# refuses target-verify; decode graphs are another runner's).
-STALE_PADDING = "pads rows the last replay had live"
+# What a batch finds that the step before left behind, where only that step's kind makes it matter:
+# - a replay of more live rows: its padded rows' positions in the static buffers (positions, out_cache_loc, the
+#   model's inputs) still hold that batch's values unless `load_batch` pads them afresh (query position 0, the
+#   dummy slot 0), and a padded row then writes its latent into that batch's KV slot. The modes the prefill graph
+#   runner replays (SGLang's refuses target-verify; decode graphs are another runner's), whichever the bucket;
+# - a publishing batch, where this one publishes nothing: the event of that one is still in the runner's mailbox
+#   unless the scheduler's barrier cleared it, and a barrier that waits on it again waits for nothing.
+FOLLOWS_LARGER_REPLAY = "a replay of more live rows, padding over them"
+FOLLOWS_PUBLISH = "a publishing batch, publishing nothing"
 _PREFILL_REPLAYS = (ForwardMode.EXTEND, ForwardMode.MIXED)
 
 
@@ -78,7 +81,7 @@ DIMENSIONS = {
     "edge": EDGES,
     "tokens": TOKEN_DECADES,
     "carry": CARRIES,
-    "padding": (STALE_PADDING,),
+    "follows": (FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH),
 }
 _BUCKETS = frozenset(generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS))
 
@@ -133,7 +136,7 @@ def decade(num_tokens: int) -> str:
 
 def batch_shapes(case: Case) -> list[dict[str, str]]:
     """One shape per (batch, mutation kind) of the case; a batch without mutations has none."""
-    shapes, replayed, sparse_replay, last_bucket, last_live = [], set(), {}, None, None
+    shapes, replayed, sparse_replay, last_bucket, last_live, published = [], set(), {}, None, None, False
     for batch in case.batches:
         graph = runs_graph(batch)
         bucket = graph_bucket(batch.num_tokens) if graph else None
@@ -148,17 +151,19 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
             if sparse_replay.get(bucket):
                 carried = carry(case.graph_contract, CARRY_ORDERS[bucket != last_bucket])
             sparse_replay[bucket], last_bucket = sparse, bucket
-        padding = ""
+        publishes = expected_publish(case, batch)[0]
+        follows = FOLLOWS_PUBLISH if published and not publishes else ""
         if graph and batch.mode in _PREFILL_REPLAYS:
             if last_live is not None and batch.num_tokens < min(last_live, bucket):
-                padding = STALE_PADDING
+                follows = FOLLOWS_LARGER_REPLAY
             last_live = batch.num_tokens
+        published = publishes
         common = {"mode": batch.mode.name, "spec": case.spec.name, "graph": phase,
                   "runner": runner(batch.mode, graph), "contract": case.graph_contract if graph else "",
-                  "publish": "publish" if expected_publish(case, batch)[0] else "no publish", "gate": gate(case),
+                  "publish": "publish" if publishes else "no publish", "gate": gate(case),
                   "attention": "sparse" if sparse else "dense", "edge": edge(batch.num_tokens),
                   "tokens": decade(batch.num_tokens) if batch.requests else "", "carry": carried,
-                  "padding": padding}
+                  "follows": follows}
         for kind in dict.fromkeys(m.kind for m in batch.mutations) or ("",):
             shapes.append({**common, "mutation": kind})
     return shapes

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.case import Batch, Request
 from harness.model.enums import ForwardMode
-from harness.coverage import CARRY_ORDERS, STALE_PADDING, VALUES, Coverage, describe, merge_tables, values
+from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, VALUES, Coverage, Value, describe,
+                             merge_tables, values)
 from harness.covering import CoverageFirst, covering_cases, padded_counts_below, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
@@ -125,26 +126,32 @@ def test_a_replay_after_its_buckets_sparse_replay_is_a_carry_value_of_its_contra
     assert carried(sparse, "bcg", small, dataclasses.replace(small, graph=False)) == set()  # eager: no replay
 
 
-def test_a_padded_replay_over_rows_the_last_replay_had_live_is_the_stale_padding_value():
-    """What a replay's padded rows find in the static buffers: the last prefill replay's live rows where it had more
-    (whichever its bucket), unless the runner pads them afresh. Not where it had fewer, not for an unpadded replay,
-    not across an eager batch or a decode replay (another runner's), nor for the first replay."""
-    extend, _ = seed_cases("0.5.23")[:2]
+def test_what_a_batch_follows_a_larger_replay_under_its_padded_rows_or_a_publish_before_it_publishes_nothing():
+    """What the step before left behind: a replay's padded rows over the last prefill replay's live rows where it
+    had more (whichever its bucket), unless the runner pads them afresh; not where it had fewer, not for an unpadded
+    replay, not across an eager batch or a decode replay (another runner's), nor for the first replay. And a batch
+    that publishes nothing after one that published: the event left in the mailbox."""
+    extend, _ = seed_cases("0.5.23")[:2]  # a case whose EXTEND batches publish
 
-    def stale(*batches):
+    def follows(*batches):
         case = dataclasses.replace(extend, batches=batches)
-        return [value.value for value in values(case) if value.dimension == "padding"]
+        return [value.value for value in values(case) if value.dimension == "follows"]
 
     def replay(tokens, mode=ForwardMode.EXTEND):
         return Batch(requests=(Request(0, tokens),), graph=True, mode=mode)
 
-    assert stale(replay(10), replay(3)) == [STALE_PADDING]  # 3 pads to 4: row 3 was live
-    assert stale(replay(40), replay(9)) == [STALE_PADDING]  # another bucket (48, then 12)
-    assert stale(replay(3), replay(10)) == []  # fewer live rows before
-    assert stale(replay(10), replay(8)) == []  # 8 is a bucket: no padded row
-    assert stale(replay(10), dataclasses.replace(replay(3), graph=False)) == []  # eager
-    assert stale(replay(10), replay(3, ForwardMode.DECODE)) == []  # the decode runner's
-    assert stale(replay(3)) == []
+    eager, decode = Batch(requests=(Request(0, 3),)), Batch(requests=(Request(0, 3),), mode=ForwardMode.DECODE)
+    assert follows(replay(10), replay(3)) == [FOLLOWS_LARGER_REPLAY]  # 3 pads to 4: row 3 was live
+    assert follows(replay(40), replay(9)) == [FOLLOWS_LARGER_REPLAY]  # another bucket (48, then 12)
+    assert follows(replay(3), replay(10)) == []  # fewer live rows before
+    assert follows(replay(10), replay(8)) == []  # 8 is a bucket: no padded row
+    assert follows(replay(10), eager) == []  # eager, and it publishes too
+    assert follows(replay(10), replay(3, ForwardMode.DECODE)) == [FOLLOWS_PUBLISH]  # the decode runner's; quiet
+    assert follows(replay(3)) == []
+    assert follows(eager, decode) == [FOLLOWS_PUBLISH] and follows(decode, eager) == [] and follows(decode, decode) == []
+    quiet = dataclasses.replace(extend.flags, SGLANG_ENABLE_PREFILL_WAR_READ_DONE=False)
+    assert values(dataclasses.replace(extend, flags=quiet, batches=(eager, decode))).isdisjoint(
+        {Value("follows", FOLLOWS_PUBLISH)})  # nothing published before
     assert padded_counts_below(5) == [2, 3] and padded_counts_below(2) == []
 
 
