@@ -62,9 +62,12 @@ CARRIES = tuple(carry(contract, order) for contract in GRAPH_CONTRACTS for order
 #   dummy slot 0), and a padded row then writes its latent into that batch's KV slot. The modes the prefill graph
 #   runner replays (SGLang's refuses target-verify; decode graphs are another runner's), whichever the bucket;
 # - a publishing batch, where this one publishes nothing: the event of that one is still in the runner's mailbox
-#   unless the scheduler's barrier cleared it, and a barrier that waits on it again waits for nothing.
+#   unless the scheduler's barrier cleared it, and a barrier that waits on it again waits for nothing;
+# - a batch with requests, where this one is an idle step: that batch's metadata is still the backend's unless the
+#   idle step drops it, and its tables may since have been rewritten (SGLang's idle runner drops it for that reason).
 FOLLOWS_LARGER_REPLAY = "a replay of more live rows, padding over them"
 FOLLOWS_PUBLISH = "a publishing batch, publishing nothing"
+FOLLOWS_PLANNED = "a batch with requests, idle"
 _PREFILL_REPLAYS = (ForwardMode.EXTEND, ForwardMode.MIXED)
 
 
@@ -81,7 +84,7 @@ DIMENSIONS = {
     "edge": EDGES,
     "tokens": TOKEN_DECADES,
     "carry": CARRIES,
-    "follows": (FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH),
+    "follows": (FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, FOLLOWS_PLANNED),
 }
 _BUCKETS = frozenset(generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS))
 
@@ -136,7 +139,7 @@ def decade(num_tokens: int) -> str:
 
 def batch_shapes(case: Case) -> list[dict[str, str]]:
     """One shape per (batch, mutation kind) of the case; a batch without mutations has none."""
-    shapes, replayed, sparse_replay, last_bucket, last_live, published = [], set(), {}, None, None, False
+    shapes, replayed, sparse_replay, last_bucket, last_live, published, planned = [], set(), {}, None, None, False, False
     for batch in case.batches:
         graph = runs_graph(batch)
         bucket = graph_bucket(batch.num_tokens) if graph else None
@@ -153,6 +156,9 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
             sparse_replay[bucket], last_bucket = sparse, bucket
         publishes = expected_publish(case, batch)[0]
         follows = FOLLOWS_PUBLISH if published and not publishes else ""
+        if batch.mode is ForwardMode.IDLE and planned:
+            follows = FOLLOWS_PLANNED
+        planned = bool(batch.requests)
         if graph and batch.mode in _PREFILL_REPLAYS:
             if last_live is not None and batch.num_tokens < min(last_live, bucket):
                 follows = FOLLOWS_LARGER_REPLAY

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
-from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value,
+from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value,
                              carry, edge, runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
@@ -38,7 +38,7 @@ from harness.semantics import Semantics
 from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
                                 flags, for_target, large_dims, publishes, skewed_requests, small_dims)
 
-FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 67 values; a case reaches ten or so)
+FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 68 values; a case reaches ten or so)
 # The gates of the table and the switch that closes each (READ_DONE off and open need none).
 GATE_SWITCHES = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse",
                  **{name: name for name in KV_OFFLOAD}}
@@ -50,7 +50,7 @@ _REUSING_MODES = [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VER
 _PADDABLE = REPLAYABLE.filter(lambda reqs: sum(r.extend_len for r in reqs) >= 3)
 _FEWER_PREFIX = 48
 # Modes that never publish, each with requests whose tables the scheduler may rewrite.
-_QUIET_MODES = [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND]
+_QUIET_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
 
 def padded_counts_below(tokens: int) -> list[int]:
@@ -66,9 +66,9 @@ class Aim:
     with `closed`; `graph`: None draws eager or replayed; `reuse`: a second replay of the first batch's bucket,
     `between`: with a replay of another bucket before it, `reuse_mode`: that replay's mode (None: drawn);
     `fewer`: a second replay, an EXTEND batch of fewer live tokens than the first and padded, so its padded rows are
-    rows the first had live; `quiet_after`: a second batch of a mode that publishes nothing, after the first (which
-    publishes where `closed` is "open"); `tokens`: the first batch's token count (None: a small batch of a few requests), at the
-    sizes `dims` (None: drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
+    rows the first had live; `then`: a second batch of one of these modes (drawn, as is whether it replays);
+    `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
+    drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
 
     closed: str = "open"
     spec: Optional[SpeculativeAlgorithm] = None
@@ -78,7 +78,7 @@ class Aim:
     between: bool = False
     reuse_mode: Optional[ForwardMode] = None
     fewer: bool = False
-    quiet_after: bool = False
+    then: tuple[ForwardMode, ...] = ()
     tokens: Optional[SearchStrategy] = None
     dims: Optional[Dims] = None
     kinds: tuple[str, ...] = MUTATION_KINDS
@@ -182,8 +182,8 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
         fewer = draw(batch(hisparse=f.hisparse, reqs=draw(skewed_requests(live, max_prefix=_FEWER_PREFIX)),
                            modes=[ForwardMode.EXTEND], kinds_on=set(aim.kinds)))
         batches.append(replace(fewer, graph=True))
-    if aim.quiet_after:
-        batches.append(draw(batch(hisparse=f.hisparse, modes=_QUIET_MODES, kinds_on=set(aim.kinds))))
+    if aim.then:
+        batches.append(draw(batch(hisparse=f.hisparse, modes=list(aim.then), kinds_on=set(aim.kinds))))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches), graph_contract=aim.contract,
                 delay_cycles=draw(st.sampled_from(DELAYS)), data_seed=draw(st.integers(0, 2**16)))
 
@@ -234,7 +234,10 @@ _CARRIES = {carry(contract, order): Aim(graph=True, reuse=True, between=order ==
             for contract in GRAPH_CONTRACTS for order in CARRY_ORDERS}
 
 
-_FOLLOWS = {FOLLOWS_LARGER_REPLAY: Aim(graph=True, fewer=True), FOLLOWS_PUBLISH: Aim(graph=False, quiet_after=True)}
+# a replay, then a smaller padded EXTEND replay whose padded rows the first had live; an EXTEND batch that publishes
+# (`closed` open), then one of a mode that publishes nothing; a batch with requests, then an idle step
+_FOLLOWS = {FOLLOWS_LARGER_REPLAY: Aim(graph=True, fewer=True), FOLLOWS_PUBLISH: Aim(graph=False, then=_QUIET_MODES),
+            FOLLOWS_PLANNED: Aim(graph=False, then=(ForwardMode.IDLE,))}
 
 
 _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
@@ -254,7 +257,5 @@ _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
     # a sparse replay (the switch on: its EXTEND batch builds the chunk cache at any size) whose bucket a sparse
     # EXTEND batch (the one that would read a kept cache) replays again, at once or after another bucket's replay
     "carry": lambda value, semantics, budget: (_CARRIES[value],),
-    # a replay, then a smaller padded EXTEND replay whose padded rows the first had live; a publishing EXTEND batch,
-    # then one of a mode that publishes nothing
     "follows": lambda value, semantics, budget: (_FOLLOWS[value],),
 }

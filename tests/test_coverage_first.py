@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.case import Batch, Request
 from harness.model.enums import ForwardMode
-from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, VALUES, Coverage, Value, describe,
+from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, VALUES, Coverage, Value, describe,
                              merge_tables, values)
 from harness.covering import CoverageFirst, covering_cases, padded_counts_below, unreachable
 from harness.mutants.corpus import mutant_target
@@ -126,11 +126,12 @@ def test_a_replay_after_its_buckets_sparse_replay_is_a_carry_value_of_its_contra
     assert carried(sparse, "bcg", small, dataclasses.replace(small, graph=False)) == set()  # eager: no replay
 
 
-def test_what_a_batch_follows_a_larger_replay_under_its_padded_rows_or_a_publish_before_it_publishes_nothing():
+def test_what_a_batch_follows_a_larger_replay_a_publish_or_a_planned_batch_is_what_the_step_before_left_behind():
     """What the step before left behind: a replay's padded rows over the last prefill replay's live rows where it
     had more (whichever its bucket), unless the runner pads them afresh; not where it had fewer, not for an unpadded
-    replay, not across an eager batch or a decode replay (another runner's), nor for the first replay. And a batch
-    that publishes nothing after one that published: the event left in the mailbox."""
+    replay, not across an eager batch or a decode replay (another runner's), nor for the first replay. A batch
+    that publishes nothing after one that published: the event left in the mailbox. An idle step after a batch with
+    requests: that batch's metadata, unless the idle step drops it."""
     extend, _ = seed_cases("0.5.23")[:2]  # a case whose EXTEND batches publish
 
     def follows(*batches):
@@ -152,6 +153,9 @@ def test_what_a_batch_follows_a_larger_replay_under_its_padded_rows_or_a_publish
     quiet = dataclasses.replace(extend.flags, SGLANG_ENABLE_PREFILL_WAR_READ_DONE=False)
     assert values(dataclasses.replace(extend, flags=quiet, batches=(eager, decode))).isdisjoint(
         {Value("follows", FOLLOWS_PUBLISH)})  # nothing published before
+    idle = Batch(mode=ForwardMode.IDLE, requests=())
+    assert follows(decode, idle) == [FOLLOWS_PLANNED] and follows(eager, idle) == [FOLLOWS_PLANNED]  # idle: quiet too
+    assert follows(idle, idle) == [] and follows(idle) == []
     assert padded_counts_below(5) == [2, 3] and padded_counts_below(2) == []
 
 
