@@ -139,7 +139,8 @@ def decade(num_tokens: int) -> str:
 
 def batch_shapes(case: Case) -> list[dict[str, str]]:
     """One shape per (batch, mutation kind) of the case; a batch without mutations has none."""
-    shapes, replayed, sparse_replay, last_bucket, last_live, published, planned = [], set(), {}, None, None, False, False
+    shapes, replayed, sparse_replay, last_bucket = [], set(), {}, None
+    last_live, published, planned = None, False, False  # what the batch before left behind (`follows`)
     for batch in case.batches:
         graph = runs_graph(batch)
         bucket = graph_bucket(batch.num_tokens) if graph else None

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
-from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value,
-                             carry, edge, runner)
+from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH,
+                             RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry, edge, runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.case import Batch, Request
 from harness.model.enums import ForwardMode
-from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, VALUES, Coverage, Value, describe,
-                             merge_tables, values)
+from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, VALUES, Coverage,
+                             Value, describe, merge_tables, values)
 from harness.covering import CoverageFirst, covering_cases, padded_counts_below, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
@@ -149,7 +149,8 @@ def test_what_a_batch_follows_a_larger_replay_a_publish_or_a_planned_batch_is_wh
     assert follows(replay(10), eager) == []  # eager, and it publishes too
     assert follows(replay(10), replay(3, ForwardMode.DECODE)) == [FOLLOWS_PUBLISH]  # the decode runner's; quiet
     assert follows(replay(3)) == []
-    assert follows(eager, decode) == [FOLLOWS_PUBLISH] and follows(decode, eager) == [] and follows(decode, decode) == []
+    assert follows(eager, decode) == [FOLLOWS_PUBLISH]
+    assert follows(decode, eager) == [] and follows(decode, decode) == []
     quiet = dataclasses.replace(extend.flags, SGLANG_ENABLE_PREFILL_WAR_READ_DONE=False)
     assert values(dataclasses.replace(extend, flags=quiet, batches=(eager, decode))).isdisjoint(
         {Value("follows", FOLLOWS_PUBLISH)})  # nothing published before

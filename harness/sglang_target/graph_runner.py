@@ -332,8 +332,9 @@ class SglangPrefillGraphRunner:
     def _note_replay(self, static_forward_batch, bucket: int) -> None:
         """The replay, with how many of the bucket's padded rows SGLang's `load_batch` handed it holding something other
         than 0: its prefill registry pads input ids, positions and output slots with 0 (the dummy slot) every replay
-        (`PaddingPolicy.ZERO`), so a row that does not held an earlier step's token. Read before the publish, in the
-        static batch SGLang built (on CUDA this waits for the registry's copies, not for any forward)."""
+        (`PaddingPolicy.ZERO`), so a row that does not held an earlier step's token. Read in the static batch SGLang
+        built, before the publish (on CUDA the read waits for what the forward stream was given before it: this
+        batch's copies into the registry)."""
         live = self.mr.live_batch.num_tokens
         rows = slice(live, bucket)
         stale = ((static_forward_batch.input_ids[rows] != 0) | (static_forward_batch.positions[rows] != 0)
