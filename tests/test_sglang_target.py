@@ -30,12 +30,13 @@ from harness.device import SimDevice, make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.model.runners import ModelRunner  # noqa: E402
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
 from harness.sglang_target.platform import CP_SIZE, sglang_config  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
-from harness.targets import TargetSpec  # noqa: E402
+from harness.targets import Classes, ReferenceTarget, TargetSpec  # noqa: E402
 from harness.targets.protocol import (Forward, GraphReplay, LazyBuild, Planned, PlanRead, Publish,  # noqa: E402
                                       Snapshot)
 from tests.test_sglang_releases import _counting  # noqa: E402
@@ -149,6 +150,43 @@ def test_eagle_resolves_pre_replay_but_never_publishes(target, harness_device):
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     assert notes(result, Snapshot) and not notes(result, Publish)  # the gate is at publish time
+
+
+EAGLE_PREFILLS = Case(dims=DIMS, spec=SpeculativeAlgorithm.EAGLE,
+                     batches=(Batch(requests=(Request(10, 7), Request(3, 2)), mutations=(REWRITE,)),
+                              Batch(mode=ForwardMode.MIXED, requests=(Request(130, 4),)),
+                              Batch(mode=ForwardMode.DECODE, requests=(Request(20, 1),))))
+
+
+class _DraftOffByOne(ModelRunner):
+    """The reference model with a draft extend one off in every value: what the comparison must name."""
+
+    def run_speculative_tail(self, fb):
+        outputs = super().run_speculative_tail(fb)
+        return {name: value + 1 for name, value in outputs.items()}
+
+
+def test_eagles_draft_extend_after_a_prefill_runs_sglangs_draft_runner(target, harness_device):
+    """After an EAGLE prefill (EXTEND, MIXED) SGLang's draft worker extends its NextN model over the same batch:
+    here SGLang's own draft runner (`SglangDraftRunner`: a pool and backend built by their `__init__`s as a draft
+    worker's, SGLang's eager runner) plans its own metadata and chunk cache, each read by its forward and numbered
+    in the session's one numbering, and its output is the reference's draft extend, which the comparison checks
+    (and names when it differs). After a decode batch the harness's tail still runs (no draft plans)."""
+    from harness.sglang_target import differential_against_reference
+
+    result = run_case(target, EAGLE_PREFILLS, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    planned = [[r.kind.value for r in batch if isinstance(r, Planned)] for batch in result.overlapped.notes]
+    assert planned[0] == planned[1] == ["attention metadata", "sparse prefill chunk cache"] * 2, planned
+    assert planned[2] == ["attention metadata"], planned
+    reads = {(r.kind, r.plan) for batch in result.overlapped.notes for r in batch if isinstance(r, PlanRead)}
+    assert {(r.kind, r.plan) for batch in result.overlapped.notes for r in batch if isinstance(r, Planned)} <= reads
+    assert [sorted(o) for o in result.overlapped.outputs][:2] == [sorted(result.overlapped.outputs[0])] * 2
+    assert "draft_extend" in result.overlapped.outputs[0]
+    assert differential_against_reference(EAGLE_PREFILLS, target=target, device=harness_device) == []
+    off = ReferenceTarget(Classes(model_runner=_DraftOffByOne), name="reference+draft_off_by_one")
+    assert differential_against_reference(EAGLE_PREFILLS, target=target, reference=off,
+                                          device=harness_device) == ["draft_extend"]
 
 
 def _eager_extend(case: Case) -> Case:

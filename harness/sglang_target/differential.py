@@ -8,9 +8,9 @@ reference keeps `query_pos` as int64 and the offsets as host lists, SGLang int32
   `query_pos`, `c0_combined_indices`, `c0_combined_lens` (and whether one was built at all: `chunk_cache`);
 - the publication decision (`publish`), the snapshot's and the forward's sparse decisions
   (`snapshot_sparse`, `use_sparse_prefill`), the snapshot's query-row count (`snapshot_num_qo_tokens`);
-- the attention output (`attention`, to 1e-5: the two workspaces are laid out differently, so float
-  sums may round differently; plus 2^-7 of the value where one is bf16, as SGLang's real forward returns it:
-  `attention.OUTPUT_RTOL`);
+- the attention outputs (`attention`; with EAGLE's draft model, `draft_extend`), to 1e-5 (the two workspaces are
+  laid out differently, so float sums may round differently; plus 2^-7 of the value where one is bf16, as SGLang's
+  real forward returns it: `attention.OUTPUT_RTOL`);
 - what the backend declares for every forward mode, `shared_read_ends(MODE)`, under the case's spec
   algorithm: runners outside the prefill path (the decode and verify graph runner) publish on it.
 """
@@ -33,6 +33,9 @@ from harness.world import PoolSizes, build_world
 CACHE_FIELDS = ("swa_token_ids", "swa_offsets", "swa_first_pos", "swa_gather_lens", "query_pos",
                 "c0_combined_indices", "c0_combined_lens")
 ATTENTION_ATOL = 1e-5
+# The attention outputs compared, each to ATTENTION_ATOL and the output's rtol: the target's layers, and the draft
+# model's extend after a prefill (EAGLE's NextN layer: window attention over the first layer's SWA latents).
+ATTENTION_OUTPUTS = ("attention", "draft_extend")
 # A cache field that the releases before 0.5.21 do not keep (their query rows are the extend's own positions):
 # compared where both caches have it.
 LATER_CACHE_FIELDS = ("query_pos",)
@@ -153,13 +156,15 @@ def compare(case: Case, real: list[dict], ref: list[dict]) -> dict[str, str]:
                 x, y = _trim_skipped_columns(ca[name], cb[name])
                 if x.shape != y.shape or not torch.equal(x, y):
                     differ(name, index, describe_difference(x, y))
-        oa, ob = a["outputs"].get("attention"), b["outputs"].get("attention")
-        if (oa is None) != (ob is None):
-            differ("attention", index, "present in one target only")
-        elif oa is not None and (oa.shape != ob.shape or not torch.allclose(
-                oa.double(), ob.double(), atol=ATTENTION_ATOL, rtol=max(output_rtol(oa.dtype), output_rtol(ob.dtype)))):
-            err = float((oa.double() - ob.double()).abs().max()) if oa.shape == ob.shape else float("nan")
-            differ("attention", index, f"max |difference| {err:.3g} (shapes {tuple(oa.shape)} / {tuple(ob.shape)})")
+        for name in ATTENTION_OUTPUTS:
+            oa, ob = a["outputs"].get(name), b["outputs"].get(name)
+            if (oa is None) != (ob is None):
+                differ(name, index, f"present in {'sglang' if oa is not None else 'the reference'} only")
+            elif oa is not None and (oa.shape != ob.shape or not torch.allclose(
+                    oa.double(), ob.double(), atol=ATTENTION_ATOL,
+                    rtol=max(output_rtol(oa.dtype), output_rtol(ob.dtype)))):
+                err = float((oa.double() - ob.double()).abs().max()) if oa.shape == ob.shape else float("nan")
+                differ(name, index, f"max |difference| {err:.3g} (shapes {tuple(oa.shape)} / {tuple(ob.shape)})")
         for mode in a["declared"].keys() & b["declared"].keys():
             if a["declared"][mode] != b["declared"][mode]:
                 differ(f"shared_read_ends({mode})", index, f"sglang declares {a['declared'][mode]}, reference "

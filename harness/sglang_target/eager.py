@@ -50,10 +50,12 @@ _TIE_BREAK = 1 << 16  # scores are small integers (|score| <= 64): score * 2^16 
 
 class EagerPath:
     """The session's eager EXTEND batches through `real_backend.RealDsv4`. `runner`: the session's model runner
-    (its device, probe, case and SGLang API)."""
+    (its device, probe, case and SGLang API), or its draft runner (`SglangDraftRunner`: its declarations name the
+    draft's metadata, chunk cache, output and pool, `draft_meta`, `draft_swa_kv[0]`, ...)."""
 
     def __init__(self, runner, real: real_backend.RealDsv4):
         self.mr, self.real = runner, real
+        self.prefix = real.prefix
         self.api, self.case, self.device, self.probe = runner.api, runner.case, runner.harness_device, runner.probe
         self.harness_pool = runner.session.token_to_kv_pool  # the harness's indexer-K store lives there
 
@@ -75,6 +77,10 @@ class EagerPath:
         finally:
             backend.forward_metadata = saved
 
+    def _named(self, *names: str) -> dict:
+        """The declarations' `names` for this path's own resources (the draft's carry its prefix)."""
+        return dict.fromkeys(self.prefix + name for name in names)
+
     def _rows_read(self) -> frozenset:
         return frozenset(self.mr.live_batch.req_pool_indices_cpu)
 
@@ -84,7 +90,7 @@ class EagerPath:
         """The prefix's KV as earlier forwards left it, written through SGLang's pool into emptied buffers:
         SWA latents at their SWA slots, each complete compressed block at its slot (the full slot of its
         first token // ratio)."""
-        real, ratios = self.real, self.case.dims.layer_ratios
+        real, ratios = self.real, self.real.layer_ratios
         for buffer in real.buffers().values():
             buffer.view(torch.uint8).zero_()
         contents = kv_contents(world, after_forward=False)
@@ -110,8 +116,8 @@ class EagerPath:
         """The backend's own `init_forward_metadata` (SGLang's eager runner calls it on the forward stream)."""
         reads = {"req_to_token": self._rows_read(), **dict.fromkeys(_INIT_READS)}
         init = type(self.real.backend).init_forward_metadata
-        with self.device.host_work("DeepseekV4AttnBackend.init_forward_metadata", reads=reads,
-                                   writes={"meta": None}), self.sglang():
+        with self.device.host_work(f"{self.prefix}DeepseekV4AttnBackend.init_forward_metadata", reads=reads,
+                                   writes=self._named("meta")), self.sglang():
             init(self.real.backend, forward_batch)
         self.mr.plans.planned(PlanKind.METADATA, self.real.backend.forward_metadata)
 
@@ -128,9 +134,9 @@ class EagerPath:
 
     def resolve(self, real_resolve, forward_batch, **kwargs):
         """The backend's own resolver, which may build the chunk cache: the snapshot's reads of the tables."""
-        reads = {"req_to_token": self._rows_read(), "meta": None, **dict.fromkeys(_BUILD_READS)}
-        with self.device.host_work("DeepseekV4AttnBackend.resolve_prefill_shared_read_ends", reads=reads,
-                                   writes={"cache": None}), self.sglang():
+        reads = {"req_to_token": self._rows_read(), **self._named("meta"), **dict.fromkeys(_BUILD_READS)}
+        with self.device.host_work(f"{self.prefix}DeepseekV4AttnBackend.resolve_prefill_shared_read_ends",
+                                   reads=reads, writes=self._named("cache")), self.sglang():
             return real_resolve(forward_batch, **kwargs)
 
     # -- the layers -------------------------------------------------------------------------------------
@@ -141,9 +147,9 @@ class EagerPath:
         `captured`: in a breakable graph's replay, what the bucket's graph holds: its captured segments (the
         compressor store and the indexer) read that metadata and those static inputs; the eager segment, the
         backend's `forward`, reads the backend's metadata as the replay's prep left it."""
-        backend, dims = self.real.backend, self.case.dims
+        backend, dims, ratios = self.real.backend, self.case.dims, self.real.layer_ratios
         rows = fb.num_tokens
-        out = torch.zeros(len(dims.layer_ratios), rows, dims.heads, dims.head_dim, dtype=torch.bfloat16,
+        out = torch.zeros(len(ratios), rows, dims.heads, dims.head_dim, dtype=torch.bfloat16,
                           device=self.device.torch_device)
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
         segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
@@ -158,7 +164,7 @@ class EagerPath:
         # out_cache_loc through the live mapping (`get_swa_out_cache_loc`), by design. 0.5.23's replay prep
         # translates once, into the captured tensor; an eager plan always carries them.
         translates = captured is not None and metadata.core_attn_metadata.swa_out_cache_loc is None
-        for layer, ratio in enumerate(dims.layer_ratios):
+        for layer, ratio in enumerate(ratios):
             if ratio:
                 self._compressor(segments, layer, ratio)
             if ratio == 4:
@@ -228,18 +234,19 @@ class EagerPath:
                 if sparse:
                     self.mr.plans.read(PlanKind.CHUNK_CACHE, metadata.sparse_prefill_cache)
 
-        reads = {f"swa_kv[{layer}]": None, "meta": None, "cache": None}
-        writes = {f"swa_kv[{layer}]": None, "out": None}
+        reads = self._named(f"swa_kv[{layer}]", "meta", "cache")
+        writes = self._named(f"swa_kv[{layer}]", "out")
         if ratio:
             reads[f"extra_kv[{layer}]"] = None
         if ratio == 4:
             reads["meta.c4_sparse"] = None
         if builds:
             reads.update({"req_to_token": self._rows_read(), **dict.fromkeys(_BUILD_READS)})
-            writes["cache"] = None
+            writes.update(self._named("cache"))
         if translates:
             reads.update(dict.fromkeys(("full_to_swa", "fb.out_cache_loc")))
-        self.device.launch(f"layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads, writes=writes)
+        self.device.launch(f"{self.prefix}layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads,
+                           writes=writes)
 
 
 @dataclasses.dataclass(frozen=True)

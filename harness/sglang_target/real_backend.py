@@ -177,16 +177,19 @@ class RealDsv4:
     mutation of them is what SGLang reads next). `draft_tokens`: the speculative server's draft width (the most
     tokens a verify batch has a request), None without speculative decoding. `full_size`: the full KV slots the
     caller's tables address; the compressed pools hold one entry per ratio block of them (c4 slot = full slot // 4,
-    c128 slot = // 128)."""
+    c128 slot = // 128). `draft`: a draft worker's pool and backend (`ModelRunner.is_draft_worker`, EAGLE's NextN
+    model: `layer_ratios` (0,)), whose buffers are named `draft_swa_kv[layer]` beside the target's."""
 
     def __init__(self, api, *, req_to_token: torch.Tensor, full_to_swa: torch.Tensor, full_size: int,
                  swa_size: int, layer_ratios: Sequence[int], heads: int, spec_algorithm,
-                 draft_tokens: Optional[int] = None, hisparse: bool = False, device: str = "cpu"):
+                 draft_tokens: Optional[int] = None, hisparse: bool = False, draft: bool = False,
+                 device: str = "cpu"):
         if req_to_token.dtype != torch.int32 or full_to_swa.dtype != torch.int64:
             raise ValueError("req_to_token must be int32 and full_to_swa int64, as SGLang allocates them")
         if full_size % PAGE_SIZE:
             raise ValueError(f"full_size {full_size}: DSV4 allocates whole pages of {PAGE_SIZE}")
         self.api, self.layer_ratios = api, tuple(layer_ratios)
+        self.prefix = "draft_" if draft else ""  # the declarations' names of this pool's buffers
         prepare(api)
         self.req_to_token, self.full_to_swa = req_to_token, full_to_swa
         self.pool = importlib.import_module(_POOL).DeepSeekV4TokenToKVPool(
@@ -204,7 +207,7 @@ class RealDsv4:
         runner = SimpleNamespace(
             device=device, model_config=importlib.import_module(_MODEL_CONFIG).ModelConfig.from_server_args(server_args),
             page_size=PAGE_SIZE, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
-            hisparse_coordinator=object() if hisparse else None, spec_algorithm=spec_algorithm, is_draft_worker=False,
+            hisparse_coordinator=object() if hisparse else None, spec_algorithm=spec_algorithm, is_draft_worker=draft,
             server_args=server_args)
         self.model_config = runner.model_config
         # The model runner's n-gram embedding manager, made by SGLang's `NgramEmbeddingManager.from_model` for a
@@ -272,9 +275,9 @@ class RealDsv4:
         return self.pool.get_extra_key_buffer(layer_id)
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        """Every KV buffer the forward writes or reads, as `swa_kv[layer]` and `extra_kv[layer]`."""
-        named = {f"swa_kv[{layer}]": self.swa_buffer(layer) for layer in range(len(self.layer_ratios))}
-        named.update({f"extra_kv[{layer}]": self.extra_buffer(layer)
+        """Every KV buffer the forward writes or reads, as `swa_kv[layer]` and `extra_kv[layer]` (after `prefix`)."""
+        named = {f"{self.prefix}swa_kv[{layer}]": self.swa_buffer(layer) for layer in range(len(self.layer_ratios))}
+        named.update({f"{self.prefix}extra_kv[{layer}]": self.extra_buffer(layer)
                       for layer, ratio in enumerate(self.layer_ratios) if ratio})
         return named
 

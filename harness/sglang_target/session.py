@@ -13,9 +13,14 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
   `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
+- with EAGLE's draft model (EAGLE, EAGLE3, NEXTN, STANDALONE), the draft extend after such a prefill batch (EXTEND or
+  MIXED: `EAGLEWorkerV2._draft_extend_for_prefill`) runs SGLang's own draft runner (`SglangDraftRunner`): a pool and
+  backend built by their `__init__`s as a draft worker's (`is_draft_worker`, DSV4's NextN model, one SWA-only
+  layer) over the same tables, SGLang's eager runner, the draft backend's metadata init, resolver and forward;
 - every other batch (draft-extend batches, CP and HiSparse cases, tc_piecewise replays on the releases that have
   them) runs the harness's metadata and layers over the same
-  backend object, as listed under "Replaced" below.
+  backend object, as listed under "Replaced" below; so does the draft extend after any batch but a prefill of the
+  real path (`run_speculative_tail`, over the SWA latents SGLang's forward stored where it ran).
 
 From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
 DSV4's breakable graph replays its captured metadata): the target says so (`Target.graph_contracts`), so a
@@ -125,6 +130,9 @@ from harness.targets import Classes, ReferenceSession
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
+# The modes of a prefill batch, after whose target forward EAGLE's worker runs the draft extend
+# (`EAGLEWorkerV2.forward_batch_generation`: `batch.forward_mode.is_extend()`).
+_PREFILL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED)
 # What SGLang's metadata copy_ / refresh read: the fresh metadata, and through its raw_out_loc (a reference
 # to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
 _METADATA_SOURCES = {"meta.fresh": None, "fb.out_cache_loc": None}
@@ -269,6 +277,10 @@ class SglangSession(ReferenceSession):
         server.publish(api, device.kind.value)
         self.bridge = CudaEventBridge(device) if device.kind is DeviceKind.CUDA else None
         self.model_runner = SglangModelRunner(self)
+        # EAGLE's draft extend after a prefill, through SGLang's draft runner, in a case whose prefills run SGLang's
+        # own backend (`real_case`); otherwise, and after any other batch, the harness's (`run_speculative_tail`).
+        self.draft_runner = (SglangDraftRunner(self, self.model_runner)
+                             if case.spec.is_eagle_family() and self.model_runner.real_case else None)
         spec = self.model_runner.spec_algorithm
         if spec.is_none():
             worker = _Worker(api.mods["tp_worker"].BaseTpWorker, model_runner=self.model_runner)
@@ -290,7 +302,8 @@ class SglangSession(ReferenceSession):
         `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here); the
         prefix's KV also in SGLang's pool, where an eager EXTEND batch reads it."""
         fb = super().load(world)
-        self.model_runner.eager.load(world)
+        for runner in self._sglang_runners():
+            runner.eager.load(world)
         return dataclasses.replace(fb, seq_lens=fb.seq_lens.to(torch.int64),
                                    req_pool_indices=fb.req_pool_indices.to(torch.int64))
 
@@ -309,7 +322,12 @@ class SglangSession(ReferenceSession):
         if eager is None:
             return default_buffers(self)
         tables = {name: getattr(self, name) for name in ("req_to_token", "full_to_swa", "full_to_hisparse")}
-        return {**tables, **eager.real.buffers(), "indexer_k": self.token_to_kv_pool.indexer_k}
+        pools = {name: buffer for runner in self._sglang_runners() for name, buffer in runner.eager.real.buffers().items()}
+        return {**tables, **pools, "indexer_k": self.token_to_kv_pool.indexer_k}
+
+    def _sglang_runners(self) -> list["SglangModelRunner"]:
+        """The model runners over SGLang's pools: the target's, and the draft's where EAGLE's draft extend runs."""
+        return [self.model_runner] + ([self.draft_runner] if self.draft_runner is not None else [])
 
     def step(self, fb, *, graph, process_batch_result, after_launch):
         """One batch through SGLang's overlap loop: its run_batch is the session's forward."""
@@ -380,10 +398,29 @@ class SglangSession(ReferenceSession):
             if fb.forward_mode.is_idle():
                 return {}
             outputs = {"attention": out}
+            if self.draft_runner is not None and fb.forward_mode in _PREFILL_MODES:
+                outputs["draft_extend"] = self.draft_runner.draft_extend(fb)
+                return outputs
             tail_metadata = self._tail_metadata(fb, mr.attn_backend.forward_metadata)
             self.harness_runner.attn_backend.forward_metadata = tail_metadata
+            if mr.ran_real and self.case.spec.is_eagle_family():
+                self._swa_kv_for_tail()
             outputs.update(self.harness_runner.run_speculative_tail(fb))
         return outputs
+
+    def _swa_kv_for_tail(self) -> None:
+        """The harness's draft extend (after a decode or verify batch) reads the harness's pool: where SGLang's forward
+        wrote this batch's KV into SGLang's pool, the SWA latents are copied from there first (decoded), so the draft
+        attends over what the target's forward stored, as the reference's does (the harness's pool holds only the
+        history the batch was loaded with)."""
+        real, swa_kv = self.model_runner.eager.real, self.token_to_kv_pool.swa_kv
+
+        def copy():
+            swa_kv.copy_(real.read_swa()[:, : swa_kv.shape[1]])
+
+        self.device.launch("draft_extend.swa_kv_from_sglangs_pool", copy,
+                           reads=dict.fromkeys(name for name in real.buffers() if name.startswith("swa_kv")),
+                           writes={})
 
     def _tail_metadata(self, fb: ForwardBatch, metadata):
         """The metadata the speculative tail (the harness's, `run_speculative_tail`) reads: SGLang's, or where SGLang
@@ -411,12 +448,15 @@ class SglangModelRunner:
     """What SGLang's ModelRunner is to the real code: the device, the spec algorithm, the backend, the
     model, the event mailbox and the runners."""
 
-    def __init__(self, session: SglangSession):
+    is_draft_worker = False
+
+    def __init__(self, session: SglangSession, *, probe=None, plans: Optional[Plans] = None):
         api, case, device = session.api, session.case, session.device
         self.session, self.api, self.case = session, api, case
         self.harness_device = device
-        self.probe = session.probe
-        self.plans = Plans(self.probe)  # the freshness oracle's plan numbers for SGLang's objects
+        self.probe = probe if probe is not None else session.probe
+        # the freshness oracle's plan numbers for SGLang's objects (one numbering per session: a draft runner's too)
+        self.plans = plans if plans is not None else Plans(self.probe)
         self.harness = session.harness_runner
         # --speculative-algorithm as the server resolves it (NEXTN is EAGLE's alias; before 0.5.23 only there)
         cli_name = api.mods["spec_hook"]._resolve_speculative_algorithm_alias(case.spec.name, None)
@@ -425,7 +465,7 @@ class SglangModelRunner:
         self.device = device.kind.value if device.kind is DeviceKind.CUDA else register_sim_device()
         self.device_module = torch.get_device_module(self.device)
         self.device_timer = None
-        self.support_pp, self.is_generation, self.is_draft_worker = False, True, False
+        self.support_pp, self.is_generation = False, True
         # one pipeline stage, starting at the first layer
         self.pp_group = SimpleNamespace(is_first_rank=True, is_last_rank=True, world_size=1, rank_in_group=0)
         self.layer_info = SimpleNamespace(start_layer=0)
@@ -472,7 +512,14 @@ class SglangModelRunner:
         self.ran_real = False  # the last batch did: its KV is in SGLang's pool
         self.attn_backend = self._build_backend()
         self.eager_runner = self._build_eager_runner()
-        self.graph_runner = SglangPrefillGraphRunner(self, contract=case.graph_contract)
+        self.graph_runner = self._build_graph_runner()
+
+    def model_layer_ratios(self) -> tuple[int, ...]:
+        """The compress ratio of each attention layer of its model: the case's."""
+        return self.case.dims.layer_ratios
+
+    def _build_graph_runner(self) -> Optional[SglangPrefillGraphRunner]:
+        return SglangPrefillGraphRunner(self, contract=self.case.graph_contract)
 
     @staticmethod
     def attn_tp_sequence_sharded(num_tokens: int) -> bool:
@@ -523,9 +570,9 @@ class SglangModelRunner:
         dims, pool = self.case.dims, session.token_to_kv_pool
         real = RealDsv4(self.api, req_to_token=session.req_to_token_pool.req_to_token,
                         full_to_swa=pool.full_to_swa_index_mapping, full_size=pool.size,
-                        swa_size=session.sizes.swa_size, layer_ratios=dims.layer_ratios, heads=dims.heads,
+                        swa_size=session.sizes.swa_size, layer_ratios=self.model_layer_ratios(), heads=dims.heads,
                         spec_algorithm=self.spec_algorithm, draft_tokens=self._draft_tokens(),
-                        hisparse=self.case.flags.hisparse,
+                        hisparse=self.case.flags.hisparse, draft=self.is_draft_worker,
                         device=str(self.harness_device.torch_device))
         return EagerPath(self, real)
 
@@ -896,4 +943,44 @@ class SglangModelRunner:
                            writes={"out": None, "cache.compressed": None})
 
 
-__all__ = ["SglangSession", "SglangModelRunner"]
+
+
+class _Unnoted:
+    """A draft runner's probe: its dispatch, snapshot, forward and fallback records are dropped. The oracles judge
+    the target's publication from them; a draft runner never publishes (`maybe_publish_prefill_shared_read_done`
+    refuses every algorithm with a draft extend) and its own decisions would read as a second forward of the batch.
+    Its plans are noted (the session's `Plans`: the freshness oracle judges what its forward reads)."""
+
+    @staticmethod
+    def note(record) -> None:
+        del record
+
+
+class SglangDraftRunner(SglangModelRunner):
+    """EAGLE's draft model runner (`EAGLEWorkerV2.draft_runner`: a `ModelRunner` with `is_draft_worker`) for
+    DSV4's NextN model, one SWA-only attention layer (`deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER`, 0): SGLang's
+    own pool and backend, built by their `__init__`s over the session's tables (a draft worker shares the target's
+    request pool and KV allocator, so the same `req_to_token` and full->SWA mapping), and SGLang's own eager runner.
+    The harness's NextN layer takes the target's first layer's inputs (its q, SWA latent and sink), so the reference
+    model's draft extend (`run_speculative_tail`: window attention over the first layer's SWA latents) is what it
+    must compute; its SWA history is the first layer's. No prefill graph: the draft extend after a prefill runs
+    eagerly (SGLang captures a draft's breakable graph only for `force_for_draft_worker`, not modelled)."""
+
+    is_draft_worker = True
+
+    def __init__(self, session: SglangSession, target: SglangModelRunner):
+        super().__init__(session, probe=_Unnoted(), plans=target.plans)
+
+    def model_layer_ratios(self) -> tuple[int, ...]:
+        return (0,)
+
+    def _build_graph_runner(self) -> None:
+        return None
+
+    def draft_extend(self, fb: ForwardBatch) -> torch.Tensor:
+        """`EAGLEWorkerV2._draft_extend_for_prefill`'s forward: the target's prefill batch, as an EXTEND batch of the
+        draft runner (SGLang's eager runner, the backend's metadata init, resolver and forward). [rows, heads, 512]."""
+        return self.forward(fb, graph=False)[0]
+
+
+__all__ = ["SglangDraftRunner", "SglangModelRunner", "SglangSession"]
