@@ -121,6 +121,22 @@ def test_every_eager_batch_runs_the_releases_own_init_and_forward(target, harnes
                      "forward": 2 * runs * len(DIMS.layer_ratios)}, calls
 
 
+def test_eagles_draft_extend_after_a_prefill_runs_the_releases_own_draft_runner(target, harness_device, monkeypatch):
+    """On every release, after an EAGLE prefill (EXTEND, then MIXED) the draft extend goes through a second backend,
+    built by its own `__init__` as a draft worker's (one SWA-only NextN layer), planned by its `init_forward_metadata`
+    and run by its `forward`, and matches the reference model's draft extend (the `reference` oracle compares it)."""
+    case = dataclasses.replace(_case(target, Batch(requests=(Request(9, 6), Request(2, 3)), mutations=(REWRITE,)),
+                                     Batch(mode=ForwardMode.MIXED, requests=(Request(140, 2),))),
+                               spec=SpeculativeAlgorithm.EAGLE)
+    calls = _counting(monkeypatch, target.api.backend_cls, ("__init__", "init_forward_metadata", "forward"))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    runs, batches = 3, 2  # overlapped, barriered, the reference oracle's run
+    assert calls == {"__init__": 2 * runs, "init_forward_metadata": 2 * batches * runs,
+                     "forward": batches * runs * (len(DIMS.layer_ratios) + 1)}, calls
+    assert all("draft_extend" in outputs for outputs in result.overlapped.outputs)
+
+
 @pytest.mark.parametrize("field", ["page_size", "swa_window"])
 def test_a_case_off_the_sizes_the_backend_asserts_is_refused_naming_the_field(target, harness_device, field):
     """Before any work (exit 2): DSV4's page size on every release; the SWA window where the release's backend
