@@ -63,6 +63,7 @@ BASE_RUNNER = "sglang.srt.model_executor.runner.base_runner"
 SCHEDULER = "sglang.srt.managers.scheduler"
 TP_WORKER = "sglang.srt.managers.tp_worker"
 SPEC_WORKER = "sglang.srt.speculative.base_spec_worker"
+EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2"
 EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
@@ -97,6 +98,7 @@ _COMMON = [
     (FORWARD, "CaptureHiddenMode"), (LOGITS, "LogitsProcessorOutput"), (KV_TRANSLATOR, "KVIndexTranslator"),
     (MODEL_RUNNER, "ModelRunner.prepare_dummy_forward_batch"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
+    (EAGLE_WORKER, "EAGLEWorkerV2.last_shared_read_runner"),
     (SERVER_ARGS, "ServerArgs"), (RUNTIME, "publish"), (SPEC_HOOK, "_resolve_speculative_algorithm_alias"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
@@ -349,7 +351,8 @@ def load_api() -> SglangApi:
         backend=BACKEND, base_backend=BASE_BACKEND, sparse_utils=SPARSE_UTILS, kernels=KERNELS, publisher=PUBLISHER,
         spec=SPEC, environ=ENVIRON, runtime=RUNTIME, forward=FORWARD, cp_base=CP_BASE, cp_utils=CP_UTILS,
         buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, base_runner=BASE_RUNNER,
-        scheduler=SCHEDULER, tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eager_runner=EAGER_RUNNER,
+        scheduler=SCHEDULER, tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eagle_worker=EAGLE_WORKER,
+        eager_runner=EAGER_RUNNER,
         model_runner=MODEL_RUNNER, buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
         kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
         spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,

@@ -281,21 +281,30 @@ class SglangSession(ReferenceSession):
         # own backend (`real_case`); otherwise, and after any other batch, the harness's (`run_speculative_tail`).
         self.draft_runner = (SglangDraftRunner(self, self.model_runner)
                              if case.spec.is_eagle_family() and self.model_runner.real_case else None)
-        spec = self.model_runner.spec_algorithm
-        if spec.is_none():
-            worker = _Worker(api.mods["tp_worker"].BaseTpWorker, model_runner=self.model_runner)
+        self.scheduler = self._scheduler_shell(api, device)
+
+    def _scheduler_shell(self, api, device) -> SchedulerShell:
+        """SGLang's scheduler loop over the model worker it would have: the TP worker without speculative decoding;
+        with EAGLE's draft model running (`draft_runner`) `EAGLEWorkerV2`, whose `last_shared_read_runner` is the
+        draft runner (the step's last shared-table reader, so the barrier asks its mailbox); any other speculative
+        algorithm, and EAGLE where the harness's tail stands in for the draft (CP, HiSparse), the base spec
+        worker's (the target runner)."""
+        mr = self.model_runner
+        if mr.spec_algorithm.is_none():
+            worker = _Worker(api.mods["tp_worker"].BaseTpWorker, model_runner=mr)
+        elif self.draft_runner is not None:
+            worker = _Worker(api.mods["eagle_worker"].EAGLEWorkerV2, _target_worker=SimpleNamespace(model_runner=mr),
+                             _draft_worker=SimpleNamespace(draft_runner=self.draft_runner))
         else:
-            worker = _Worker(api.mods["spec_worker"].BaseSpecWorker,
-                             target_worker=SimpleNamespace(model_runner=self.model_runner))
+            worker = _Worker(api.mods["spec_worker"].BaseSpecWorker, target_worker=SimpleNamespace(model_runner=mr))
         # The scheduler's streams as SGLang holds them: torch's own on CUDA, the simulator's otherwise.
         if self.bridge is None:
             streams = [SimStream(device, s) for s in (device.schedule_stream, device.forward_stream)]
         else:
             streams = [self.bridge.stream(s) for s in (device.schedule_stream, device.forward_stream)]
-        self.scheduler = SchedulerShell(api, device_module=self.model_runner.device_module,
-                                        schedule_stream=streams[0], forward_stream=streams[1], model_worker=worker,
-                                        harness_device=device, harness_stream=self._harness_stream,
-                                        models_cuda=device.kind is DeviceKind.CUDA)
+        return SchedulerShell(api, device_module=mr.device_module, schedule_stream=streams[0],
+                              forward_stream=streams[1], model_worker=worker, harness_device=device,
+                              harness_stream=self._harness_stream, models_cuda=device.kind is DeviceKind.CUDA)
 
     def load(self, world) -> ForwardBatch:
         """The reference's allocation, with the per-batch tensors in SGLang's dtypes: `seq_lens` and
