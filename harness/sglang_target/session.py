@@ -325,13 +325,14 @@ class SglangSession(ReferenceSession):
 
     def observed_buffers(self) -> dict[str, torch.Tensor]:
         """What the observer watches, by the names the declarations use: the tables, and where eager batches run
-        SGLang's forward, SGLang's KV buffers (`swa_kv[layer]`, `extra_kv[layer]`) and the harness's
-        indexer-K store; otherwise the harness's pools (`observe.default_buffers`)."""
+        SGLang's forward, SGLang's KV buffers (`swa_kv[layer]`, `extra_kv[layer]`; the draft runner's
+        `draft_swa_kv[0]`) and the harness's indexer-K store; otherwise the harness's pools (`observe.default_buffers`)."""
         eager = self.model_runner.eager
         if eager is None:
             return default_buffers(self)
         tables = {name: getattr(self, name) for name in ("req_to_token", "full_to_swa", "full_to_hisparse")}
-        pools = {name: buffer for runner in self._sglang_runners() for name, buffer in runner.eager.real.buffers().items()}
+        pools = {name: buffer for runner in self._sglang_runners()
+                 for name, buffer in runner.eager.real.buffers().items()}
         return {**tables, **pools, "indexer_k": self.token_to_kv_pool.indexer_k}
 
     def _sglang_runners(self) -> list["SglangModelRunner"]:
