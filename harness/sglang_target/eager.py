@@ -128,7 +128,7 @@ class EagerPath:
         reads = {"req_to_token": self._rows_read(), **dict.fromkeys(_INIT_READS)}
         prepare = type(self.real.backend).prepare_forward_metadata_for_breakable_cuda_graph_replay
         with self.device.host_work("DeepseekV4AttnBackend.prepare_forward_metadata_for_breakable_cuda_graph_replay",
-                                   reads=reads, writes={"meta": None}), self.sglang():
+                                   reads=reads, writes=self._named("meta")), self.sglang():
             prepare(self.real.backend, capture_metadata, forward_batch, static_forward_batch=static_forward_batch)
         self.mr.plans.planned(PlanKind.METADATA, capture_metadata)
 
@@ -188,8 +188,8 @@ class EagerPath:
                 if ratio == 4:
                     indexer_k.index_copy_(0, loc.long() * 4, index_keys[rows])
 
-        writes = {f"extra_kv[{layer}]": None, **({"indexer_k": None} if ratio == 4 else {})}
-        self.device.launch(f"{segments.prefix}layer{layer}.compressor.store", store, reads=segments.reads,
+        writes = {**self._named(f"extra_kv[{layer}]"), **({"indexer_k": None} if ratio == 4 else {})}
+        self.device.launch(f"{segments.prefix}layer{layer}.compressor.store", store, reads=self._named(*segments.reads),
                            writes=writes)
 
     def _indexer(self, fb, segments: "_Segments", layer: int) -> None:
@@ -211,7 +211,7 @@ class EagerPath:
                 real.c4_top_k(metadata, scores * _TIE_BREAK - blocks)
 
         self.device.launch(f"{segments.prefix}layer{layer}.indexer.top_k", top_k,
-                           reads={"indexer_k": None, "meta": None}, writes={"meta.c4_sparse": None})
+                           reads={"indexer_k": None, **self._named("meta")}, writes=self._named("meta.c4_sparse"))
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
                    sparse: bool, builds: bool, translates: bool) -> None:
@@ -237,9 +237,9 @@ class EagerPath:
         reads = self._named(f"swa_kv[{layer}]", "meta", "cache")
         writes = self._named(f"swa_kv[{layer}]", "out")
         if ratio:
-            reads[f"extra_kv[{layer}]"] = None
+            reads.update(self._named(f"extra_kv[{layer}]"))
         if ratio == 4:
-            reads["meta.c4_sparse"] = None
+            reads.update(self._named("meta.c4_sparse"))
         if builds:
             reads.update({"req_to_token": self._rows_read(), **dict.fromkeys(_BUILD_READS)})
             writes.update(self._named("cache"))

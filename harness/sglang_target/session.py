@@ -114,7 +114,6 @@ from harness.model.attention import sparse_attention_on
 from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
-from harness.observe import default_buffers
 from harness.probe import (Dispatch, Forward, LazyBuild, MetadataReuse, PlanKind, Publish, Snapshot,
                            SwaLocFallback)
 from harness.sglang_target import server
@@ -324,12 +323,8 @@ class SglangSession(ReferenceSession):
         return super().kv_state()
 
     def observed_buffers(self) -> dict[str, torch.Tensor]:
-        """What the observer watches, by the names the declarations use: the tables, and where eager batches run
-        SGLang's forward, SGLang's KV buffers (`swa_kv[layer]`, `extra_kv[layer]`; the draft runner's
-        `draft_swa_kv[0]`) and the harness's indexer-K store; otherwise the harness's pools (`observe.default_buffers`)."""
-        eager = self.model_runner.eager
-        if eager is None:
-            return default_buffers(self)
+        """What the observer watches, by the names the declarations use: the tables, SGLang's KV buffers
+        (`swa_kv[layer]`, `extra_kv[layer]`; the draft runner's `draft_swa_kv[0]`) and the harness's indexer-K store."""
         tables = {name: getattr(self, name) for name in ("req_to_token", "full_to_swa", "full_to_hisparse")}
         pools = {name: buffer for runner in self._sglang_runners()
                  for name, buffer in runner.eager.real.buffers().items()}
@@ -951,8 +946,6 @@ class SglangModelRunner:
                 reads["full_to_hisparse"] = None
         self.harness_device.launch(f"layer{layer}.attention.sparse", attend, reads=reads,
                            writes={"out": None, "cache.compressed": None})
-
-
 
 
 class _Unnoted:
