@@ -137,6 +137,55 @@ def test_eagles_draft_extend_after_a_prefill_runs_the_releases_own_draft_runner(
     assert all("draft_extend" in outputs for outputs in result.overlapped.outputs)
 
 
+# The releases whose draft-extend graph runner records and publishes read-done before its replay, while the replay's
+# recorded in-graph metadata step (`init_forward_metadata_in_graph`) translates the write locations through the live
+# Full-to-SWA mapping: a race of released SGLang. 0.5.22 publishes from the backend's declaration (UNKNOWN for a draft
+# extend: the coarse barrier), "an event before replay cannot cover metadata reads inside the graph".
+PUBLISHES_BEFORE_DRAFT_REPLAY = ("0.5.19", "0.5.20", "0.5.21")
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_eagles_draft_extend_after_a_verify_runs_the_releases_own_runners(target, harness_device, monkeypatch, graph):
+    """A draft-extend batch (every request the server's draft width, as `prepare_for_draft_extend` makes it) runs the
+    release's own draft path: eagerly the draft backend's draft-extend plan and `forward`; replayed, SGLang's
+    draft-extend graph runner: `capture_one_shape` at start-up, `execute` (the plan outside the graph, the publish)
+    and the captured in-graph metadata step and `forward`. Its output is the reference's draft extend. Replayed while
+    the scheduler clears the batch's mapping entries: on 0.5.19 to 0.5.21 the runner publishes before the replay,
+    whose in-graph step reads the mapping after the event, a race the tracker reports with both sides; later releases
+    fall back to the coarse barrier and nothing is found."""
+    draft = Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(13, 3), Request(20, 3)), graph=graph,
+                  mutations=(Mutation("swa_clear", count=3),))
+    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), draft,
+                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+    runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
+    graph_calls = _counting(monkeypatch, runner_cls, ("capture_one_shape", "execute"))
+    plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    runs = 3  # overlapped, barriered, the reference oracle's run
+    assert all("draft_extend" in outputs for outputs in result.overlapped.outputs)
+    if not graph:
+        assert result.findings == [], [f.message for f in result.findings]
+        assert graph_calls == {"capture_one_shape": 0, "execute": 0}
+        assert plans == {"init_forward_metadata_draft_extend": runs}, plans
+        return
+    # per run one batch size captured (2 requests) and one replay, planned by the draft-extend plan (the capture's
+    # too, where the release plans it at capture)
+    if INSTALLED not in PUBLISHES_BEFORE_DRAFT_REPLAY:
+        assert result.findings == [], [f.message for f in result.findings]
+        assert graph_calls == {"capture_one_shape": runs, "execute": runs}, graph_calls
+    else:  # the overlapped and barriered runs (the reference oracle's follows where nothing else was found)
+        assert graph_calls["capture_one_shape"] == graph_calls["execute"] in (2, runs), graph_calls
+    assert plans["init_forward_metadata_draft_extend"] in (graph_calls["execute"], 2 * graph_calls["execute"]), plans
+    if INSTALLED not in PUBLISHES_BEFORE_DRAFT_REPLAY:
+        return
+    races = [f.message for f in result.findings if (f.oracle, f.kind) == ("happens-before", "unordered-access")]
+    assert len(races) == 1, [f.message for f in result.findings]
+    assert "race on 'full_to_swa'" in races[0] and "init_forward_metadata_in_graph" in races[0], races[0]
+    assert "scheduler.full_to_swa.index_fill_" in races[0], races[0]
+    # where the cleared entries are read the draft's KV goes to the dummy slot: its output changes too
+    assert {f.oracle for f in result.findings} <= {"happens-before", "differential"}
+
+
 @pytest.mark.parametrize("field", ["page_size", "swa_window"])
 def test_a_case_off_the_sizes_the_backend_asserts_is_refused_naming_the_field(target, harness_device, field):
     """Before any work (exit 2): DSV4's page size on every release; the SWA window where the release's backend

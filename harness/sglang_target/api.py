@@ -64,6 +64,8 @@ SCHEDULER = "sglang.srt.managers.scheduler"
 TP_WORKER = "sglang.srt.managers.tp_worker"
 SPEC_WORKER = "sglang.srt.speculative.base_spec_worker"
 EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2"
+DRAFT_GRAPH_RUNNER = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
+EAGLE_INFO = "sglang.srt.speculative.eagle_info"
 EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
@@ -99,6 +101,11 @@ _COMMON = [
     (MODEL_RUNNER, "ModelRunner.prepare_dummy_forward_batch"),
     (TP_WORKER, "BaseTpWorker.last_shared_read_runner"), (SPEC_WORKER, "BaseSpecWorker.last_shared_read_runner"),
     (EAGLE_WORKER, "EAGLEWorkerV2.last_shared_read_runner"),
+    (DRAFT_GRAPH_RUNNER, "EAGLEDraftExtendCudaGraphRunner.execute"),
+    (DRAFT_GRAPH_RUNNER, "EAGLEDraftExtendCudaGraphRunner.capture_one_shape"),
+    (DRAFT_GRAPH_RUNNER, "EAGLEDraftExtendCudaGraphRunner.can_run_graph"),
+    (DRAFT_GRAPH_RUNNER, "EagleDraftExtendInputBuffers"), (DRAFT_GRAPH_RUNNER, "DeepEPCudaGraphRunnerAdapter"),
+    (EAGLE_INFO, "EagleDraftExtendInput"), (BUCKETS, "generate_decode_cuda_graph_batch_sizes"),
     (SERVER_ARGS, "ServerArgs"), (RUNTIME, "publish"), (SPEC_HOOK, "_resolve_speculative_algorithm_alias"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
@@ -352,6 +359,7 @@ def load_api() -> SglangApi:
         spec=SPEC, environ=ENVIRON, runtime=RUNTIME, forward=FORWARD, cp_base=CP_BASE, cp_utils=CP_UTILS,
         buckets=BUCKETS, graph_runner=GRAPH_RUNNER, base_graph_runner=BASE_GRAPH_RUNNER, base_runner=BASE_RUNNER,
         scheduler=SCHEDULER, tp_worker=TP_WORKER, spec_worker=SPEC_WORKER, eagle_worker=EAGLE_WORKER,
+        draft_graph_runner=DRAFT_GRAPH_RUNNER, eagle_info=EAGLE_INFO,
         eager_runner=EAGER_RUNNER,
         model_runner=MODEL_RUNNER, buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
         kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
