@@ -46,6 +46,7 @@ EAGER_RUNNER = "srt/model_executor/runner/eager_runner.py"
 SCHEDULER = "srt/managers/scheduler.py"
 BUFFER_REGISTRY = "srt/model_executor/cuda_graph_buffer_registry.py"
 METADATA_KERNEL = "kernels/ops/attention/dsv4/metadata_kernel.py"
+DRAFT_GRAPH_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,19 @@ MUTANTS = (
                  "        if False:\n",
                  "the breakable-graph replay prep no longer re-translates the SWA write locations into the captured "
                  "metadata: every layer stores at the last replay's slots"),
+    # -- EAGLE's draft extend after a verify, replayed by its CUDA graph runner (its in-graph metadata step re-reads
+    # the Full-to-SWA mapping during the replay)
+    SourceMutant("draft_extend_publishes_before_replay", DRAFT_GRAPH_RUNNER,
+                 "        if shared_read_ends is SharedReadEnds.PRE_REPLAY:\n            self._publish_read_done(in_graph=False)\n",
+                 "        if True:\n            self._publish_read_done(in_graph=False)\n",
+                 "the draft-extend graph runner publishes read-done before its replay, whatever the backend declares "
+                 "(0.5.19 to 0.5.21's code): the replay's in-graph metadata step reads the mapping after the event"),
+    SourceMutant("draft_extend_declared_pre_replay", BACKEND,
+                 "        if fm.is_target_verify():\n            if self.model_runner.spec_algorithm.is_dspark():\n",
+                 "        if fm.is_draft_extend_v2():\n            return SharedReadEnds.PRE_REPLAY\n"
+                 "        if fm.is_target_verify():\n            if self.model_runner.spec_algorithm.is_dspark():\n",
+                 "the backend declares its draft-extend reads over before the replay (PRE_REPLAY), though its "
+                 "in-graph metadata step translates the write locations through the live mapping"),
 )
 
 
@@ -458,6 +472,8 @@ PR_LATE_MUTANTS = _rows(MUTANTS, (
     "eager_init_condition_inverted", "eager_event_module_of_host", "idle_keeps_metadata",
     "event_recorded_on_new_stream", "barrier_enabled_on_hip_only", "barrier_keeps_event", "barrier_before_launch",
     "barrier_waits_forward_after_publish", "barrier_ignores_event",
+    # EAGLE's draft-extend graph runner (0.5.22 publishes from the backend's declaration, as 0.5.23)
+    "draft_extend_publishes_before_replay", "draft_extend_declared_pre_replay",
 )) + _rows(PR_ERA_MUTANTS, (
     "pr_flag_before_gate", "pr_dflash_gate_dropped", "pr_read_ends_ignore_flag", "pr_publish_undeclared",
     "pr_eager_snapshot_at_request_count", "pr_eager_mixed_kept_mixed",

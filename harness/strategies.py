@@ -396,7 +396,9 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, mutations=mut)),  # eager: every release runs it as EXTEND
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)),
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, hierarchical_cache=True)),
-        case(extend, spec=S.EAGLE),
+        # EAGLE: a prefill, then the draft extend after a verify (every request the server's draft width), replayed
+        case(extend, Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(15, 3), Request(5, 3)), graph=True,
+                           mutations=mut), spec=S.EAGLE),
         case(Batch(requests=(Request(0, 6000), Request(5, 5673)), mutations=mut),
              flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
              spec=S.DFLASH, dims=Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,), index_align=8)),
