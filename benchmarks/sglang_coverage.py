@@ -59,6 +59,7 @@ PREFILL_FILES = (
     "srt/layers/attention/dsv4/sparse_prefill_utils.py",
     "srt/layers/attention/base_attn_backend.py",
     "srt/mem_cache/deepseek_v4_memory_pool.py",
+    "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
 )
 
 # The protocol's functions, by qualified name, looked up in every file above (the first that defines it).
@@ -103,6 +104,10 @@ PREFILL_FUNCTIONS = (
     "EagerRunner._execute_extend",
     "maybe_publish_prefill_shared_read_done",
     "Scheduler._apply_war_barrier",
+    # EAGLE's draft extend after a verify (the step's last reader of the shared tables), eager and replayed
+    "DeepseekV4AttnBackend.init_forward_metadata_draft_extend",
+    "EAGLEDraftExtendCudaGraphRunner.capture_one_shape",
+    "EAGLEDraftExtendCudaGraphRunner.execute",
 )
 
 # coverage.py's settings for the campaign and every Python child it starts (patch = subprocess hands
