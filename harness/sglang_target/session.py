@@ -16,11 +16,15 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 - with EAGLE's draft model (EAGLE, EAGLE3, NEXTN, STANDALONE), the draft extend after such a prefill batch (EXTEND or
   MIXED: `EAGLEWorkerV2._draft_extend_for_prefill`) runs SGLang's own draft runner (`SglangDraftRunner`): a pool and
   backend built by their `__init__`s as a draft worker's (`is_draft_worker`, DSV4's NextN model, one SWA-only
-  layer) over the same tables, SGLang's eager runner, the draft backend's metadata init, resolver and forward;
-- every other batch (draft-extend batches, CP and HiSparse cases, tc_piecewise replays on the releases that have
-  them) runs the harness's metadata and layers over the same
-  backend object, as listed under "Replaced" below; so does the draft extend after any batch but a prefill of the
-  real path (`run_speculative_tail`, over the SWA latents SGLang's forward stored where it ran).
+  layer) over the same tables, SGLang's eager runner, the draft backend's metadata init, resolver and forward; and
+  a draft-extend batch whose requests are all the server's draft width (`EAGLEWorkerV2._draft_extend_for_decode`)
+  runs it as a `DRAFT_EXTEND_V2` batch, eagerly or replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner`
+  (`draft_graph.py`: its capture, `execute`, publish and the recorded in-graph metadata step);
+- every other batch (CP and HiSparse cases, tc_piecewise replays on the releases that have them, the target's part
+  of a draft-extend batch) runs the harness's metadata and layers over the same
+  backend object, as listed under "Replaced" below; so does the draft extend after a decode or verify batch and of
+  a draft-extend batch of uneven widths (`run_speculative_tail`, over the SWA latents SGLang's forward stored where
+  it ran).
 
 From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
 DSV4's breakable graph replays its captured metadata): the target says so (`Target.graph_contracts`), so a
@@ -54,7 +58,10 @@ function):
 - `model_executor/runner_utils/shared_read_event.py`: `maybe_publish_prefill_shared_read_done`;
 - `managers/scheduler.py`: `Scheduler.run_event_loop` (the barrier's enabling, its own expression),
   `event_loop_overlap`, `is_disable_overlap_for_batch`, `_apply_war_barrier` (see `scheduler.py` here);
-  `managers/tp_worker.py` / `speculative/base_spec_worker.py`: `last_shared_read_runner`;
+  `managers/tp_worker.py` / `speculative/base_spec_worker.py` / `speculative/eagle_worker_v2.py`:
+  `last_shared_read_runner`;
+- `speculative/eagle_draft_extend_cuda_graph_runner.py`: `EAGLEDraftExtendCudaGraphRunner.capture_one_shape` (its
+  `run_once`, replayed), `can_run_graph`, `execute`; `speculative/eagle_info.py`: `EagleDraftExtendInput`;
 - `speculative/spec_info.py`: `SpeculativeAlgorithm`; `environ.py`: the env flags; `runtime_context.py`:
   the configuration namespaces; `layers/cp/`: `is_cp_active`, `get_cp_strategy`.
 
