@@ -38,12 +38,12 @@ import torch
 from harness.model.runners import pad_forward_batch
 from harness.probe import PlanKind
 
-# What the recorded in-graph metadata step reads (`init_forward_metadata_in_graph`: the static write locations
-# translated through the live mapping) and what it writes (the captured metadata's SWA write locations).
-_IN_GRAPH_READS = ("full_to_swa", "draft_graph.static_inputs")
-# What the out-of-graph metadata step reads besides the batch's rows of `req_to_token` (the draft-extend plan: the
-# SWA page indices and write locations through the mapping, over the runner's static buffers).
-_OUT_GRAPH_READS = ("full_to_swa", "draft_graph.static_inputs")
+# What the runner's two metadata steps read besides the batch's rows of `req_to_token`: the mapping (the SWA page
+# indices and write locations, planned outside the graph; the write locations translated again by the recorded
+# in-graph step) and the runner's static buffers (`execute` copies the batch into them first).
+_PLAN_READS = ("full_to_swa", "draft_graph.static_inputs")
+# What `execute` copies into the static buffers before it plans, publishes and replays.
+_BATCH_READS = ("fb.input_ids", "fb.seq_lens", "fb.out_cache_loc", "fb.positions", "fb.req_pool_indices")
 
 
 class _ReplayedGraphs:
@@ -154,6 +154,12 @@ class SglangDraftExtendGraphRunner:
         selects = "select_index" in {f.name for f in dataclasses.fields(self.runner.buffers)}
         kwargs = {"select_index": select} if selects else {}
         self.last_output = None
+        # `execute` first copies the batch into the static buffers, on the forward stream after what it was given
+        # (the real copies run on the host right after this point, before anything else is issued)
+        with self.mr.harness_device.host_work("EAGLEDraftExtendCudaGraphRunner.execute.copy_to_static_buffers",
+                                             reads=dict.fromkeys(_BATCH_READS),
+                                             writes={"draft_graph.static_inputs": None}):
+            pass
         with self._backend_steps():
             self.runner.execute(forward_batch, **kwargs)
         if self.last_output is None:
@@ -187,7 +193,7 @@ class SglangDraftExtendGraphRunner:
         cls, dev, eager = type(backend), mr.harness_device, mr.eager
 
         def out_graph(forward_batch, in_capture: bool = False) -> None:
-            reads = {"req_to_token": frozenset(mr.live_batch.req_pool_indices_cpu), **dict.fromkeys(_OUT_GRAPH_READS)}
+            reads = {"req_to_token": frozenset(mr.live_batch.req_pool_indices_cpu), **dict.fromkeys(_PLAN_READS)}
             with dev.host_work("draft_DeepseekV4AttnBackend.init_forward_metadata_out_graph", reads=reads,
                                writes={"draft_meta": None}), eager.sglang():
                 cls.init_forward_metadata_out_graph(backend, forward_batch, in_capture=in_capture)
@@ -201,7 +207,7 @@ class SglangDraftExtendGraphRunner:
                     cls.init_forward_metadata_in_graph(backend, forward_batch)
 
             dev.launch("draft_DeepseekV4AttnBackend.init_forward_metadata_in_graph", step,
-                       reads=dict.fromkeys(_IN_GRAPH_READS), writes={"draft_meta": None})
+                       reads=dict.fromkeys(_PLAN_READS), writes={"draft_meta": None})
 
         replaced = {"init_forward_metadata_out_graph": out_graph, "init_forward_metadata_in_graph": in_graph}
         backend.__dict__.update(replaced)
