@@ -201,7 +201,11 @@ def _spec(value: str, semantics: Semantics, budget: int) -> tuple[Aim, ...]:
 
 
 _PHASES = {"eager": Aim(graph=False), "first graph replay": Aim(graph=True), "reused bucket": Aim(graph=True, reuse=True)}
-_RUNNERS = {runner(mode, graph): Aim(mode=mode, graph=graph) for mode, graph in RUNNERS}
+# A draft extend runs only where a draft model does (EAGLE's family, none of which publishes): its runners' aims draw a
+# spec that closes publication.
+_RUNNERS = {runner(mode, graph): Aim(mode=mode, graph=graph,
+                                     closed="spec" if mode is ForwardMode.DRAFT_EXTEND else "open")
+            for mode, graph in RUNNERS}
 # A batch that must not publish, each for another reason: the switch off, its spec, its mode.
 _CLOSING = (Aim(closed="READ_DONE off"), Aim(closed="spec"), *(
     Aim(mode=mode, graph=False) for mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,

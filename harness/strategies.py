@@ -159,6 +159,17 @@ def decode_requests(reqs: tuple[Request, ...]) -> tuple[Request, ...]:
     return tuple(running[:LIMITS["requests"]])
 
 
+# The most draft tokens a drawn draft extend gives a request (`--speculative-num-draft-tokens`: DSV4's MTP runs a few).
+MAX_DRAFT_TOKENS = 8
+
+
+def draft_extend_requests(reqs: tuple[Request, ...]) -> tuple[Request, ...]:
+    """The drawn requests as a draft extend after a verify: SGLang's worker gives every request the server's draft
+    width (`prepare_for_draft_extend`), here the first drawn request's new tokens, at most `MAX_DRAFT_TOKENS`."""
+    width = min(reqs[0].extend_len, MAX_DRAFT_TOKENS)
+    return tuple(Request(r.prefix_len, width) for r in reqs)
+
+
 @st.composite
 def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_on=MUTATION_KINDS) -> Batch:
     modes = modes or _MODES
@@ -171,6 +182,8 @@ def batch(draw, *, hisparse: bool, reqs=None, modes=None, modes_on=None, kinds_o
         muts = (Mutation("req_to_token_rewrite", target="other"),)
     elif mode is ForwardMode.DECODE:
         reqs = decode_requests(reqs)
+    elif mode is ForwardMode.DRAFT_EXTEND:
+        reqs = draft_extend_requests(reqs)
     elif mode is ForwardMode.MIXED and all(r.extend_len > 1 for r in reqs):
         reqs = reqs + (Request(draw(st.integers(1, 40)), 1),)  # a running decode request mixed in
     return Batch(mode=mode, requests=reqs, graph=draw(st.booleans()), mutations=muts)
