@@ -239,7 +239,7 @@ def test_seeded_break_snapshot_skips_the_build_is_reported(target, harness_devic
 
 def test_seeded_break_backend_without_token_to_kv_pool_is_reported(target, harness_device, monkeypatch):
     """The #36639 fixture bug: an object-built backend that never got `token_to_kv_pool`."""
-    from harness.sglang_target.session import SglangModelRunner
+    from harness.sglang_target.model_runner import SglangModelRunner
 
     build = SglangModelRunner._build_backend
 
@@ -521,7 +521,7 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
     own `__init__`, which captures the bucket at start-up through `capture_one_shape` (its metadata planned by the
     backend's capture init), each replay's metadata refreshed by the backend's own prep, every layer through the
     backend's `forward`; the harness fills no metadata field (`_fresh_metadata` never runs)."""
-    from harness.sglang_target.session import SglangModelRunner
+    from harness.sglang_target.model_runner import SglangModelRunner
 
     mods, backend_cls = target.api.mods, target.api.backend_cls
     calls = []
