@@ -75,7 +75,8 @@ UNREACHABLE_BCG_READ_END = ("DSV4's breakable replay resolves with build_snapsho
 UNREACHABLE_COPY_CACHE = ("DSV4Metadata.copy_ runs only for decode, verify and draft-extend graph replays "
                           "(replay_cuda_graph_metadata_from), whose metadata never holds a sparse-prefill chunk cache")
 UNREACHABLE_COPY_DECODE = ("DSV4AttnMetadata.copy_ runs only for decode, verify and draft-extend graph replays "
-                           "(replay_cuda_graph_metadata_from): the decode graph runner, which this harness does not drive")
+                           "(replay_cuda_graph_metadata_from): the decode graph runner, which this harness does not "
+                           "drive, and the draft-extend one, whose SWA-only plan (need_compress=False) has no c4_out_loc")
 
 
 MUTANTS = (
