@@ -223,10 +223,19 @@ def test_the_release_and_the_reference_model_agree_field_by_field(target, harnes
     assert differential_against_reference(data, target=target, device=harness_device) == []
 
 
-def test_a_short_campaign_finds_nothing(target, harness_device):
+def test_a_short_campaign_finds_nothing_but_the_releases_own_race(target, harness_device):
+    """Clean on 0.5.22 and 0.5.23; on 0.5.19 to 0.5.21 the campaign stops at the case of the draft-extend graph
+    runner's publish before its replay (the EAGLE seed case): the race, and where the cleared entry is read (0.5.21)
+    the draft extend's output, and nothing else."""
     result = run_campaign(target, target_spec=SGLANG, device=harness_device, semantics=target.semantics,
                           examples=12, seed=3, without=LATER_GATES)
-    assert result.cases == 12 and result.findings == [], [f.message for f in result.findings]
+    messages = [f.message for f in result.findings]
+    if INSTALLED not in PUBLISHES_BEFORE_DRAFT_REPLAY:
+        assert result.cases == 12 and messages == [], messages
+        return
+    races = [f.message for f in result.findings if (f.oracle, f.kind) == ("happens-before", "unordered-access")]
+    assert len(races) == 1 and {f.oracle for f in result.findings} <= {"happens-before", "differential"}, messages
+    assert "race on 'full_to_swa'" in races[0] and "init_forward_metadata_in_graph" in races[0], races[0]
 
 
 def test_a_snapshot_that_claims_its_reads_without_building_the_cache_is_found(target, harness_device, monkeypatch):
