@@ -5,7 +5,7 @@ eager runner over the session's tables, for the draft extend after a prefill and
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
@@ -14,9 +14,7 @@ from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.sglang_target.draft_graph import SglangDraftExtendGraphRunner
 from harness.sglang_target.model_runner import SglangModelRunner
-
-if TYPE_CHECKING:  # the session that owns the runner (it imports this module)
-    from harness.sglang_target.session import SglangSession
+from harness.targets import ReferenceSession  # the owning SglangSession's base (session.py imports this)
 
 
 class _Unnoted:
@@ -47,7 +45,7 @@ class SglangDraftRunner(SglangModelRunner):
     is_draft_worker = True
     canary_manager = None  # what the draft-extend runner's capture asks of its model runner
 
-    def __init__(self, session: SglangSession, target: SglangModelRunner):
+    def __init__(self, session: ReferenceSession, target: SglangModelRunner):
         super().__init__(session, probe=_Unnoted(), plans=target.plans)
         self.extend_graph_runner = self._build_extend_graph_runner()
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import MethodType, SimpleNamespace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -27,9 +27,7 @@ from harness.sglang_target.graph_runner import SglangPrefillGraphRunner
 from harness.sglang_target.plans import Plans
 from harness.sglang_target.real_backend import RealDsv4
 from harness.sglang_target.platform import SimDeviceModule, one_dp_rank, register_sim_device, swa_window
-
-if TYPE_CHECKING:  # the session that owns the runner (it imports this module)
-    from harness.sglang_target.session import SglangSession
+from harness.targets import ReferenceSession  # the owning SglangSession's base (session.py imports this)
 
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
@@ -133,7 +131,7 @@ class SglangModelRunner:
 
     is_draft_worker = False
 
-    def __init__(self, session: SglangSession, *, probe=None, plans: Optional[Plans] = None):
+    def __init__(self, session: ReferenceSession, *, probe=None, plans: Optional[Plans] = None):
         api, case, device = session.api, session.case, session.device
         self.session, self.api, self.case = session, api, case
         self.harness_device = device
