@@ -186,6 +186,23 @@ def test_eagles_draft_extend_after_a_verify_runs_the_releases_own_runners(target
     assert {f.oracle for f in result.findings} <= {"happens-before", "differential"}
 
 
+def test_eagles_draft_extend_after_a_verify_batch_runs_the_releases_own_draft_plan(target, harness_device, monkeypatch):
+    """After a verify whose requests are all the server's draft width, SGLang's worker extends its draft model over the
+    verified window (`EAGLEWorkerV2._draft_extend_for_decode`): the release's draft-extend plan and the NextN layer's
+    `forward` run, and the result is the reference's draft extend. A verify of uneven widths is no batch of SGLang's
+    draft runner: its draft extend stays the harness's tail."""
+    verify = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(13, 3), Request(20, 3)), mutations=(REWRITE,))
+    uneven = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(16, 2), Request(23, 3)))
+    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), verify, uneven),
+                               spec=SpeculativeAlgorithm.EAGLE)
+    plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    runs = 3  # overlapped, barriered, the reference oracle's run: the even verify alone
+    assert plans == {"init_forward_metadata_draft_extend": runs}, plans
+    assert all("draft_extend" in outputs for outputs in result.overlapped.outputs)
+
+
 @pytest.mark.parametrize("field", ["page_size", "swa_window"])
 def test_a_case_off_the_sizes_the_backend_asserts_is_refused_naming_the_field(target, harness_device, field):
     """Before any work (exit 2): DSV4's page size on every release; the SWA window where the release's backend

@@ -61,10 +61,14 @@ class SglangDraftRunner(SglangModelRunner):
         width = draft_extend_width(self.case)
         return width if width is not None else super()._draft_tokens()
 
+    def extends_over(self, fb: ForwardBatch) -> bool:
+        """Whether SGLang's worker extends its draft over this batch as a `DRAFT_EXTEND_V2` batch of this runner."""
+        return runs_sglangs_draft_extend(fb.forward_mode, fb.extend_seq_lens_cpu, self._draft_tokens())
+
     def _build_extend_graph_runner(self) -> Optional[SglangDraftExtendGraphRunner]:
         """SGLang's draft-extend graph runner, capturing the batch sizes (of SGLang's speculative capture list) the
-        case's replayed draft-extend batches pad to; None when no batch replays one."""
-        width = draft_extend_width(self.case)
+        case's replayed draft extends pad to; None when no batch replays one."""
+        width = self._draft_tokens()
         sizes = [len(b.requests) for b in self.case.batches
                  if b.graph and runs_sglangs_draft_extend(b.mode, [r.extend_len for r in b.requests], width)]
         if not sizes:
@@ -82,14 +86,14 @@ class SglangDraftRunner(SglangModelRunner):
         return self.forward(fb, graph=False)[0]
 
     def draft_extend_v2(self, fb: ForwardBatch, *, graph: bool) -> torch.Tensor:
-        """`EAGLEWorkerV2._draft_extend_for_decode`'s forward of a draft-extend batch: the batch as
+        """`EAGLEWorkerV2._draft_extend_for_decode`'s forward over a verify or draft-extend batch: the batch as
         `prepare_for_draft_extend` makes it (every request `width` tokens, `seq_lens` past them, the window's write
         locations), then SGLang's draft-extend graph runner where `can_run_graph` lets it, else the backend's metadata
         init (marked ready, as `prepare_for_draft_extend` does) and the draft runner's eager forward. [rows, heads,
         512]."""
         mods = self.api.mods
         batch = self.sglang_batch(fb, mode=mods["forward"].ForwardMode.DRAFT_EXTEND_V2)
-        width = draft_extend_width(self.case)
+        width = self._draft_tokens()
         accepted = torch.full((fb.batch_size,), width, dtype=torch.int32, device=fb.seq_lens.device)
         batch.spec_info = mods["eagle_info"].EagleDraftExtendInput(
             hidden_states=None, num_correct_drafts=accepted - 1, num_accept_tokens=accepted,
@@ -121,10 +125,17 @@ def draft_extend_width(case: Case) -> Optional[int]:
     return None
 
 
+# The batches after which SGLang's EAGLE worker extends its draft model as a `DRAFT_EXTEND_V2` batch
+# (`EAGLEWorkerV2._draft_extend_for_decode`, after `verify`): a verify, and the harness's draft-extend batch, which
+# stands for that step on its own.
+_EXTENDED_BY_DRAFT = (HForwardMode.TARGET_VERIFY, HForwardMode.DRAFT_EXTEND)
+
+
 def runs_sglangs_draft_extend(mode: HForwardMode, lengths, width: Optional[int]) -> bool:
-    """Whether a batch of `mode` whose requests extend by `lengths` is a draft-extend batch SGLang's draft runner
-    runs: every request the server's `width` tokens."""
-    return mode is HForwardMode.DRAFT_EXTEND and width is not None and bool(lengths) and set(lengths) == {width}
+    """Whether the draft extend after a batch of `mode` whose requests extend by `lengths` is a `DRAFT_EXTEND_V2` batch
+    SGLang's draft runner runs: a verify or draft-extend batch, every request the server's `width` tokens
+    (`prepare_for_draft_extend` extends each by `speculative_num_draft_tokens`). Any other is the harness's tail."""
+    return mode in _EXTENDED_BY_DRAFT and width is not None and bool(lengths) and set(lengths) == {width}
 
 
 __all__ = ["SglangDraftRunner", "draft_extend_width", "runs_sglangs_draft_extend"]

@@ -348,8 +348,9 @@ class SglangModelRunner:
         """A real ForwardBatch over the harness batch's tensors (what the scheduler hands the runner)."""
         mods = self.api.mods
         prefix_lens = [seq - new for seq, new in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)]
+        mode = mode if mode is not None else self.sglang_mode(fb)
         batch = mods["forward"].ForwardBatch(
-            forward_mode=mode if mode is not None else self.sglang_mode(fb), batch_size=fb.batch_size,
+            forward_mode=mode, batch_size=fb.batch_size,
             input_ids=fb.input_ids, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens,
             out_cache_loc=fb.out_cache_loc, seq_lens_sum=sum(fb.seq_lens_cpu),
             seq_lens_cpu=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64), positions=fb.positions,
@@ -358,7 +359,7 @@ class SglangModelRunner:
             extend_prefix_lens_cpu=prefix_lens, extend_num_tokens=fb.num_tokens,
             extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm,
             capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL)
-        if fb.forward_mode is HForwardMode.TARGET_VERIFY and self.runs_real(fb):
+        if mode == mods["forward"].ForwardMode.TARGET_VERIFY and self.runs_real(fb):
             self._as_verify(batch, fb, prefix_lens)
         # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
         # load_batch binds it to its static buffer).

@@ -17,14 +17,15 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   MIXED: `EAGLEWorkerV2._draft_extend_for_prefill`) runs SGLang's own draft runner (`SglangDraftRunner`): a pool and
   backend built by their `__init__`s as a draft worker's (`is_draft_worker`, DSV4's NextN model, one SWA-only
   layer) over the same tables, SGLang's eager runner, the draft backend's metadata init, resolver and forward; and
-  a draft-extend batch whose requests are all the server's draft width (`EAGLEWorkerV2._draft_extend_for_decode`)
-  runs it as a `DRAFT_EXTEND_V2` batch, eagerly or replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner`
-  (`draft_graph.py`: its capture, `execute`, publish and the recorded in-graph metadata step);
+  after a verify or draft-extend batch whose requests are all the server's draft width
+  (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
+  replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
+  the recorded in-graph metadata step);
 - every other batch (CP and HiSparse cases, tc_piecewise replays on the releases that have them, the target's part
   of a draft-extend batch) runs the harness's metadata and layers over the same
-  backend object, as listed under "Replaced" below; so does the draft extend after a decode or verify batch and of
-  a draft-extend batch of uneven widths (`run_speculative_tail`, over the SWA latents SGLang's forward stored where
-  it ran).
+  backend object, as listed under "Replaced" below; so does the draft extend after a decode batch and after a
+  verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the SWA latents SGLang's forward stored
+  where it ran).
 
 From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
 DSV4's breakable graph replays its captured metadata): the target says so (`Target.graph_contracts`), so a
@@ -117,7 +118,7 @@ from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
 from harness.probe import Dispatch, Publish
 from harness.sglang_target import server
-from harness.sglang_target.draft_runner import SglangDraftRunner, draft_extend_width, runs_sglangs_draft_extend
+from harness.sglang_target.draft_runner import SglangDraftRunner
 from harness.sglang_target.model_runner import DeferredChunkCache, SglangModelRunner
 from harness.sglang_target.real_backend import fixed_dims
 from harness.sglang_target.platform import CudaEventBridge, SimStream, sglang_config
@@ -307,8 +308,7 @@ class SglangSession(ReferenceSession):
             if self.draft_runner is not None and fb.forward_mode in _PREFILL_MODES:
                 outputs["draft_extend"] = self.draft_runner.draft_extend(fb)
                 return outputs
-            if self.draft_runner is not None and runs_sglangs_draft_extend(
-                    fb.forward_mode, fb.extend_seq_lens_cpu, draft_extend_width(self.case)):
+            if self.draft_runner is not None and self.draft_runner.extends_over(fb):
                 outputs["draft_extend"] = self.draft_runner.draft_extend_v2(fb, graph=graph)
                 return outputs
             tail_metadata = self._tail_metadata(fb, mr.attn_backend.forward_metadata)
@@ -319,7 +319,7 @@ class SglangSession(ReferenceSession):
         return outputs
 
     def _swa_kv_for_tail(self) -> None:
-        """The harness's draft extend (after a decode or verify batch) reads the harness's pool: where SGLang's forward
+        """The harness's draft extend (after a decode batch, or a verify of uneven widths) reads the harness's pool: where SGLang's forward
         wrote this batch's KV into SGLang's pool, the SWA latents are copied from there first (decoded), so the draft
         attends over what the target's forward stored, as the reference's does (the harness's pool holds only the
         history the batch was loaded with)."""
