@@ -186,21 +186,32 @@ def test_eagles_draft_extend_after_a_verify_runs_the_releases_own_runners(target
     assert {f.oracle for f in result.findings} <= {"happens-before", "differential"}
 
 
-def test_eagles_draft_extend_after_a_verify_batch_runs_the_releases_own_draft_plan(target, harness_device, monkeypatch):
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_eagles_draft_extend_after_a_verify_batch_runs_the_releases_own_draft_path(target, harness_device, monkeypatch,
+                                                                                    graph):
     """After a verify whose requests are all the server's draft width, SGLang's worker extends its draft model over the
     verified window (`EAGLEWorkerV2._draft_extend_for_decode`): the release's draft-extend plan and the NextN layer's
-    `forward` run, and the result is the reference's draft extend. A verify of uneven widths is no batch of SGLang's
-    draft runner: its draft extend stays the harness's tail."""
-    verify = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(13, 3), Request(20, 3)), mutations=(REWRITE,))
+    `forward` run (replayed: its draft-extend graph runner), and the result is the reference's draft extend. A verify
+    of uneven widths is no batch of SGLang's draft runner: its draft extend stays the harness's tail. Replayed while
+    the scheduler clears the batch's mapping entries, 0.5.19 to 0.5.21 race as after a draft-extend batch."""
+    verify = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(13, 3), Request(20, 3)), graph=graph,
+                   mutations=(Mutation("swa_clear", count=3),))
     uneven = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(16, 2), Request(23, 3)))
-    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), verify, uneven),
-                               spec=SpeculativeAlgorithm.EAGLE)
+    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), verify, uneven,
+                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+    runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
+    graph_calls = _counting(monkeypatch, runner_cls, ("execute",))
     plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
     result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert all("draft_extend" in outputs for outputs in result.overlapped.outputs[1:])
+    if graph and INSTALLED in PUBLISHES_BEFORE_DRAFT_REPLAY:
+        races = [f.message for f in result.findings if (f.oracle, f.kind) == ("happens-before", "unordered-access")]
+        assert races and "init_forward_metadata_in_graph" in races[0], [f.message for f in result.findings]
+        return
     assert result.findings == [], [f.message for f in result.findings]
-    runs = 3  # overlapped, barriered, the reference oracle's run: the even verify alone
-    assert plans == {"init_forward_metadata_draft_extend": runs}, plans
-    assert all("draft_extend" in outputs for outputs in result.overlapped.outputs)
+    runs = 3  # overlapped, barriered, the reference oracle's run: the even verify alone, replayed or eager
+    assert graph_calls == {"execute": runs if graph else 0}, graph_calls
+    assert plans["init_forward_metadata_draft_extend"] in ((runs, 2 * runs) if graph else (runs,)), plans
 
 
 @pytest.mark.parametrize("field", ["page_size", "swa_window"])
