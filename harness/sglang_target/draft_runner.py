@@ -38,15 +38,16 @@ class SglangDraftRunner(SglangModelRunner):
     must compute; its SWA history is the first layer's.
 
     Two batches run it: the draft extend after a prefill (`draft_extend`, eager: SGLang captures a draft's
-    breakable graph only for `force_for_draft_worker`, not modelled), and a draft-extend batch (`DRAFT_EXTEND_V2`,
-    `draft_extend_v2`) of the server's draft width, through SGLang's draft-extend CUDA graph runner where the batch
-    replays (`draft_graph`) and eagerly otherwise."""
+    breakable graph only for `force_for_draft_worker`, not modelled), and the draft extend after a verify or
+    draft-extend batch of the server's draft width (`DRAFT_EXTEND_V2`, `draft_extend_v2`), through SGLang's
+    draft-extend CUDA graph runner where the batch replays (`draft_graph`) and eagerly otherwise."""
 
     is_draft_worker = True
     canary_manager = None  # what the draft-extend runner's capture asks of its model runner
 
     def __init__(self, session: ReferenceSession, target: SglangModelRunner):
         super().__init__(session, probe=_Unnoted(), plans=target.plans)
+        self.width = self._draft_tokens()  # the server's draft tokens per request, fixed for the case
         self.extend_graph_runner = self._build_extend_graph_runner()
 
     def model_layer_ratios(self) -> tuple[int, ...]:
@@ -63,21 +64,20 @@ class SglangDraftRunner(SglangModelRunner):
 
     def extends_over(self, fb: ForwardBatch) -> bool:
         """Whether SGLang's worker extends its draft over this batch as a `DRAFT_EXTEND_V2` batch of this runner."""
-        return runs_sglangs_draft_extend(fb.forward_mode, fb.extend_seq_lens_cpu, self._draft_tokens())
+        return runs_sglangs_draft_extend(fb.forward_mode, fb.extend_seq_lens_cpu, self.width)
 
     def _build_extend_graph_runner(self) -> Optional[SglangDraftExtendGraphRunner]:
         """SGLang's draft-extend graph runner, capturing the batch sizes (of SGLang's speculative capture list) the
         case's replayed draft extends pad to; None when no batch replays one."""
-        width = self._draft_tokens()
         sizes = [len(b.requests) for b in self.case.batches
-                 if b.graph and runs_sglangs_draft_extend(b.mode, [r.extend_len for r in b.requests], width)]
+                 if b.graph and runs_sglangs_draft_extend(b.mode, [r.extend_len for r in b.requests], self.width)]
         if not sizes:
             return None
         capture_list = self.api.mods["buckets"].generate_decode_cuda_graph_batch_sizes(
             SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm=self.case.spec.name),
             self.session.sizes.max_reqs)
         pad = self.api.mods["base_graph_runner"].BaseCudaGraphRunner._pad_to_bucket
-        return SglangDraftExtendGraphRunner(self, width=width,
+        return SglangDraftExtendGraphRunner(self, width=self.width,
                                             batch_sizes=sorted({pad(bs, capture_list) for bs in sizes}))
 
     def draft_extend(self, fb: ForwardBatch) -> torch.Tensor:
@@ -93,11 +93,10 @@ class SglangDraftRunner(SglangModelRunner):
         512]."""
         mods = self.api.mods
         batch = self.sglang_batch(fb, mode=mods["forward"].ForwardMode.DRAFT_EXTEND_V2)
-        width = self._draft_tokens()
-        accepted = torch.full((fb.batch_size,), width, dtype=torch.int32, device=fb.seq_lens.device)
+        accepted = torch.full((fb.batch_size,), self.width, dtype=torch.int32, device=fb.seq_lens.device)
         batch.spec_info = mods["eagle_info"].EagleDraftExtendInput(
             hidden_states=None, num_correct_drafts=accepted - 1, num_accept_tokens=accepted,
-            num_tokens_per_req=width, positions=fb.positions)
+            num_tokens_per_req=self.width, positions=fb.positions)
         self.live_batch = fb
         self.real_batch = self.ran_real = True
         contexts = self.api.mods["forward_context"]

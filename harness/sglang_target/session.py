@@ -319,10 +319,10 @@ class SglangSession(ReferenceSession):
         return outputs
 
     def _swa_kv_for_tail(self) -> None:
-        """The harness's draft extend (after a decode batch, or a verify of uneven widths) reads the harness's pool: where SGLang's forward
-        wrote this batch's KV into SGLang's pool, the SWA latents are copied from there first (decoded), so the draft
-        attends over what the target's forward stored, as the reference's does (the harness's pool holds only the
-        history the batch was loaded with)."""
+        """The harness's draft extend (after a decode batch, or a verify of uneven widths) reads the harness's pool:
+        where SGLang's forward wrote this batch's KV into SGLang's pool, the SWA latents are copied from there first
+        (decoded), so the draft attends over what the target's forward stored, as the reference's does (the harness's
+        pool holds only the history the batch was loaded with)."""
         real, swa_kv = self.model_runner.eager.real, self.token_to_kv_pool.swa_kv
 
         def copy():
