@@ -11,6 +11,11 @@ copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survi
 flagged.
 
     python benchmarks/sglang_source_mutants.py [--examples N] [--device cpu|cuda] [--only A,B] [--no-seeds] [--out FILE]
+    python benchmarks/sglang_source_mutants.py --only A --replay ARGS...
+
+A row's finding replays only against the mutated copy: `replay` in its JSON is the command
+`sglang_source_mutants.py --only NAME --replay ...`, which applies that one edit and runs `python -m harness
+replay ...` (the harness's arguments after `--replay`) on the copy, exiting with the replay's code.
 
 `--no-seeds` runs every campaign without the hand-written seed cases, so the table measures what the
 fuzzer draws.
@@ -584,6 +589,24 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
     return row
 
 
+HARNESS_REPLAY = "python -m harness replay "
+
+
+def mutant_replay(name: str, harness_replay: str) -> str:
+    """The command that replays a finding of mutant `name`: the harness's replay on a copy with the edit applied
+    (the harness's own command would replay it against the unmutated install, where it passes)."""
+    if not harness_replay.startswith(HARNESS_REPLAY):
+        raise ValueError(f"not a harness replay command: {harness_replay[:60]!r}")
+    return (f"python benchmarks/sglang_source_mutants.py --only {name} --replay "
+            + harness_replay[len(HARNESS_REPLAY):])
+
+
+def replay(root: Path, harness_args: list[str]) -> int:
+    """`python -m harness replay HARNESS_ARGS` with the scratch copy first on the path: its exit code."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "harness", "replay", *harness_args], env=env).returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=100)
@@ -598,6 +621,9 @@ def main() -> int:
                         help="skip the unmutated copy's campaign (the control): only for a part of a table whose "
                              "other parts ran it with the same options")
     parser.add_argument("--out", default="benchmarks/sglang_source_mutants.json")
+    parser.add_argument("--replay", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="with one --only mutant: run `python -m harness replay ARGS` on a copy with its edit "
+                             "applied (everything after --replay is the harness's), instead of the campaigns")
     args = parser.parse_args()
     if args.examples < 1:
         parser.error(f"--examples={args.examples}: must be >= 1")
@@ -612,7 +638,17 @@ def main() -> int:
         if unknown:
             parser.error(f"--only: unknown mutant(s) {', '.join(unknown)}; allowed: {', '.join(m.name for m in table)}")
         chosen = tuple(m for m in table if m.name in names)
+    if args.replay is not None and (not args.only or len(chosen) != 1 or not args.replay):
+        parser.error("--replay: needs exactly one mutant in --only and the harness's replay arguments after it "
+                     "(--case ...)")
     original = installed_sglang()
+    if args.replay is not None:
+        with tempfile.TemporaryDirectory(prefix="sglang-mutant-") as scratch:
+            root = Path(scratch) / "site"
+            shutil.copytree(original, root / "sglang", copy_function=os.link,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            apply(root, chosen[0], original)
+            return replay(root, args.replay)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sglang-mutants-") as scratch:
         root, out = Path(scratch) / "site", Path(scratch) / "reports"
@@ -637,6 +673,8 @@ def main() -> int:
             finally:
                 restore(root, mutant, original)
             row.update(name=mutant.name, file=mutant.file, description=mutant.description)
+            if row.get("replay"):
+                row["replay"] = mutant_replay(mutant.name, row["replay"])
             rows.append(row)
             print(f"{mutant.name:30} {row['outcome']:7} {row.get('oracle') or '-':16} {row['seconds']:6.1f}s  "
                   f"{row.get('finding') or row.get('stderr_tail', [''])[-1]}", flush=True)

@@ -15,6 +15,7 @@ prepare_triton()  # before sglang is imported: from 0.5.22 `import sglang` impor
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -63,8 +64,50 @@ def test_regressions_put_back_into_the_real_source_are_found_in_campaigns_on_the
     assert table["clean"]["exit_code"] == 0 and table["clean"]["findings"] == 0
     assert [row["name"] for row in table["rows"]] == list(FOUND_IN_CI)
     for row in table["rows"]:
-        assert row["outcome"] == "KILLED" and row["replay"].startswith("python -m harness replay --target sglang"), row
+        assert row["outcome"] == "KILLED", row
+        assert row["replay"].startswith(f"python benchmarks/sglang_source_mutants.py --only {row['name']} --replay "
+                                        "--target sglang"), row
     assert table["seeds"] and table["rows"][0]["found_on_seed"]  # the first seed case finds the deleted snapshot step
+
+
+def run_command(command: str) -> subprocess.CompletedProcess:
+    """A printed command, run as a user pastes it in the project's root (`python` is this interpreter)."""
+    argv = shlex.split(command)
+    assert argv[0] == "python", command
+    return subprocess.run([sys.executable, *argv[1:]], cwd=PROJECT, capture_output=True, text=True, timeout=600)
+
+
+# A drawn case (DFLASH, one TARGET_VERIFY of 19 tokens over a prefix of 19) on which the verify's compressors
+# planned as for a decode step store none of the five c4 blocks the verify completes (BENCHMARKS.md, section 26).
+VERIFY_CASE = json.dumps({
+    "batches": [{"graph": False, "mode": "TARGET_VERIFY",
+                 "mutations": [{"count": 3, "kind": "swa_clear", "poison": False, "target": "other"}],
+                 "requests": [{"extend_len": 19, "prefix_len": 19}]}],
+    "data_seed": 129, "delay_cycles": 100000000,
+    "dims": {"head_dim": 512, "heads": 2, "index_align": 128, "index_dim": 4, "index_topk": 512,
+             "kv_format": "fp8_v4", "layer_ratios": [0, 4, 128], "page_size": 256, "swa_window": 4},
+    "flags": {"SGLANG_ENABLE_PREFILL_WAR_READ_DONE": True, "SGLANG_FORCE_COARSE_WAR_BARRIER": False,
+              "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL": True, "cp_active": False, "hicache_storage": False,
+              "hierarchical_cache": False, "hisparse": False, "lmcache": False},
+    "graph_contract": "bcg", "semantics": "0.5.23", "spec": "DFLASH"})
+
+
+def test_a_mutants_replay_command_replays_its_finding_on_the_mutated_copy_and_the_install_stays_clean():
+    """A row's `replay` applies the row's edit before the harness's replay: the finding comes back (exit 1); the
+    harness's own replay command, against the unmutated install, passes (exit 0)."""
+    harness_replay = ("python -m harness replay --target sglang --device cpu --schedule adversarial --case "
+                      + shlex.quote(VERIFY_CASE))
+    mutated = run_command(load_table().mutant_replay("verify_compressor_plans_decode", harness_replay))
+    assert mutated.returncode == 1, mutated.stdout[-3000:] + mutated.stderr[-3000:]
+    assert "[float64/attention-mismatch]" in mutated.stdout and "[kv/wrong-kv-slot]" in mutated.stdout
+    clean = run_command(harness_replay)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+
+
+def test_replay_takes_one_mutant():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "snapshot_step_deleted,barrier_before_launch",
+                           "--replay", "--case", "{}"], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--replay: needs exactly one mutant in --only" in done.stderr, done.stderr
 
 
 def test_no_seeds_reaches_every_campaign_of_the_table(tmp_path):
