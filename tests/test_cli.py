@@ -114,6 +114,25 @@ def test_a_target_module_that_fails_to_import_its_own_dependency_exits_3(tmp_pat
     assert "Traceback" not in out.stderr
 
 
+def test_a_semantics_the_target_does_not_implement_exits_2_before_the_first_case(tmp_path):
+    """A target that implements `pr` only (as the installed sglang 0.5.19 to 0.5.22 do) with the default `--semantics
+    0.5.23`: once every case was refused inside the campaign, a traceback and exit 5."""
+    (tmp_path / "pr_only_target.py").write_text(
+        "from harness.targets.reference import ReferenceTarget\n\n\n"
+        "def factory():\n"
+        "    target = ReferenceTarget(name='pr-only')\n"
+        "    target.semantics_supported = ('pr',)\n"
+        "    return target\n")
+    out = harness("run", "--device", "cpu", "--examples", "2", "--target", "pr_only_target:factory",
+                  "--report-dir", str(tmp_path / "r"), cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--semantics='0.5.23': target pr-only implements pr only (give --semantics pr)" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "r").exists()
+    ran = harness("run", "--device", "cpu", "--examples", "2", "--target", "pr_only_target:factory",
+                  "--semantics", "pr", "--report-dir", str(tmp_path / "r"), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here: --device cuda is valid")
 def test_cuda_without_a_gpu_exits_3_naming_the_device_before_any_work(tmp_path):
     out = harness("run", "--device", "cuda", "--examples", "2", "--report-dir", str(tmp_path / "r"))

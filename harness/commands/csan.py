@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.options import target_spec_of
+from harness.commands.options import check_target_semantics, target_spec_of
 from harness.csan import second_opinion_campaign
 from harness.errors import ExitCode
 from reports.schema import CSAN
@@ -12,9 +12,10 @@ from reports.writers import write_report
 
 
 def run(args) -> int:
-    semantics = args.semantics
     target_spec = target_spec_of(args)
-    summary = second_opinion_campaign(target_spec.load(), examples=args.examples, semantics=semantics,
+    target = target_spec.load()
+    semantics = check_target_semantics(target, args.semantics)
+    summary = second_opinion_campaign(target, examples=args.examples, semantics=semantics,
                                       target_spec=target_spec)
     summary.update(target=target_spec.spec, mutant=target_spec.mutant, semantics=semantics)
     write_report(Path(args.report_dir) / CSAN, summary)

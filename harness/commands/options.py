@@ -18,6 +18,17 @@ def check_semantics(value: str) -> str:
     return value
 
 
+def check_target_semantics(target, value: str, name: str = "--semantics") -> str:
+    """`value` if `target` implements that semantics (`Target.semantics_supported`), else the error naming the flag
+    and what the target implements, before any case: a case of another semantics is refused by the target's
+    session, inside the campaign (the installed sglang 0.5.22, say, runs `pr` only)."""
+    supported = getattr(target, "semantics_supported", SEMANTICS)
+    if value not in supported:
+        raise InvalidArgument(f"{name}={value!r}: target {getattr(target, 'name', '?')} implements "
+                              f"{', '.join(supported)} only (give {name} {supported[0]})")
+    return value
+
+
 def parse_without(value: str) -> frozenset[str]:
     """`--without`: comma-separated gate switches a campaign never turns on (empty: none)."""
     names = frozenset(name.strip() for name in value.split(",") if name.strip())

@@ -10,7 +10,7 @@ from typing import Optional
 
 from harness.campaign import Campaign, CampaignConfig, keeps_database
 from harness.choices import AUTO_JOBS_MAX, PROFILES
-from harness.commands.options import parse_without, target_spec_of
+from harness.commands.options import check_target_semantics, parse_without, target_spec_of
 from harness.coverage import describe as describe_coverage
 from harness.device import DeviceKind, resolve_device
 from harness.errors import EnvironmentBroken, ExitCode, InvalidArgument
@@ -41,6 +41,7 @@ def run(args) -> int:
     in_workers, gpus, count = worker_plan(args.workers, device, share=args.gpu_share)
     config = campaign_config(args, device, report_dir, processes=count)
     target = config.target_spec.load()
+    check_target_semantics(target, config.semantics)
     if in_workers and args.from_db:
         raise InvalidArgument(f"--workers={args.workers} with --from-db: a replay of the database runs in one process")
     with stop_on_signals() as stop:  # from here a signal never interrupts a write: the report is kept
