@@ -678,6 +678,8 @@ def main() -> int:
             rows.append(row)
             print(f"{mutant.name:30} {row['outcome']:7} {row.get('oracle') or '-':16} {row['seconds']:6.1f}s  "
                   f"{row.get('finding') or row.get('stderr_tail', [''])[-1]}", flush=True)
+            if row.get("replay"):
+                print(f"    replay: {row['replay']}", flush=True)
     # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
     ran = [r for r in rows if r["outcome"] != "UNREACHABLE"]

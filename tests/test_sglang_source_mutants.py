@@ -68,6 +68,7 @@ def test_regressions_put_back_into_the_real_source_are_found_in_campaigns_on_the
         assert row["replay"].startswith(f"python benchmarks/sglang_source_mutants.py --only {row['name']} --replay "
                                         "--target sglang"), row
     assert table["seeds"] and table["rows"][0]["found_on_seed"]  # the first seed case finds the deleted snapshot step
+    assert f"    replay: {table['rows'][0]['replay']}\n" in done.stdout  # printed under its row too
 
 
 def run_command(command: str) -> subprocess.CompletedProcess:
