@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.campaign import run_campaign
 from harness.case import Batch, Case, Request
-from harness.commands.options import check_semantics, target_spec_of
+from harness.commands.options import check_semantics, check_target_semantics, target_spec_of
 from harness.contracts.objects import ENTRY_POINTS, check_object, reads_on_every_call
 from harness.contracts.source import check_classes, static_section
 from harness.device import make_device, resolve_device
@@ -30,7 +30,7 @@ def run(args) -> int:
     device = resolve_device(args.device, option="--device")
     target = target_spec.load()
     semantics = (target.semantics_supported[0] if args.semantics == "auto"
-                 else check_semantics(args.semantics))
+                 else check_target_semantics(target, check_semantics(args.semantics)))
     case = with_dims(Case(semantics=semantics, batches=(Batch(requests=(Request(3, 5),)),)),
                      tuple(getattr(target, "fixed_dims", {}).items()))  # at the sizes the target runs
     session = target.open(case, make_device(device))
