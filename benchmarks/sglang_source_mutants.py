@@ -553,9 +553,22 @@ def restore(root: Path, mutant: SourceMutant, original: Path) -> None:
         stale.unlink()
 
 
+def linked_copy(original: Path, scratch: str) -> Path:
+    """A copy of the installed package under `scratch`, its files hard links (an edit unlinks the file it rewrites):
+    the folder to put first on the path."""
+    root = Path(scratch) / "site"
+    shutil.copytree(original, root / "sglang", copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def copy_first(root: Path) -> dict:
+    """This environment with the linked copy `root` first on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
 def campaign(root: Path, name: str, args, out: Path) -> dict:
     report = out / name
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env = copy_first(root)
     command = [sys.executable, "-m", "harness", "run", "--target", "sglang", "--device", args.device,
                "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink", "--jobs", args.jobs] + (
                   ["--no-seeds"] if args.no_seeds else []) + (
@@ -603,8 +616,7 @@ def mutant_replay(name: str, harness_replay: str) -> str:
 
 def replay(root: Path, harness_args: list[str]) -> int:
     """`python -m harness replay HARNESS_ARGS` with the scratch copy first on the path: its exit code."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "harness", "replay", *harness_args], env=env).returncode
+    return subprocess.run([sys.executable, "-m", "harness", "replay", *harness_args], env=copy_first(root)).returncode
 
 
 def main() -> int:
@@ -644,16 +656,12 @@ def main() -> int:
     original = installed_sglang()
     if args.replay is not None:
         with tempfile.TemporaryDirectory(prefix="sglang-mutant-") as scratch:
-            root = Path(scratch) / "site"
-            shutil.copytree(original, root / "sglang", copy_function=os.link,
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            root = linked_copy(original, scratch)
             apply(root, chosen[0], original)
             return replay(root, args.replay)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sglang-mutants-") as scratch:
-        root, out = Path(scratch) / "site", Path(scratch) / "reports"
-        shutil.copytree(original, root / "sglang", copy_function=os.link,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        root, out = linked_copy(original, scratch), Path(scratch) / "reports"
         clean = {"exit_code": 0, "skipped": True} if args.no_clean else campaign(root, "clean", args, out)
         print(f"{'(clean copy)':30} " + ("skipped (--no-clean)" if args.no_clean else
               f"exit {clean['exit_code']} {clean.get('cases')} cases, {clean.get('findings')} finding(s) "
