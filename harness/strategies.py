@@ -283,8 +283,9 @@ def with_dims(case: Case, dims: tuple[tuple[str, object], ...]) -> Case:
 
 def with_contract(case: Case, contracts: tuple[str, ...]) -> Case:
     """`case` replayed under the first of `contracts` where its own is not among them: a target whose system
-    has one prefill-graph contract only (SGLang from 0.5.22 on: tc_piecewise removed, DSV4's breakable graph
-    replays its captured metadata) runs each drawn graph replay the way that system replays it."""
+    has one prefill-graph contract only (SGLang: a DSV4 server replays the breakable graph over its captured
+    metadata, tc_piecewise being removed or turned off for DSV4) runs each drawn graph replay the way that system
+    replays it."""
     return case if case.graph_contract in contracts else replace(case, graph_contract=contracts[0])
 
 

@@ -128,6 +128,25 @@ def test_index_rows_padded_with_skipped_columns_compare_by_their_entries():
     assert _trim_skipped_columns(extra_entry, narrow)[0].shape == (2, 4), "a real entry past the width is kept"
 
 
+def test_a_graph_replays_padded_query_rows_compare_by_the_live_rows():
+    """SGLang's graph attention op builds the chunk cache for the live rows, the reference model for the bucket: the
+    reference's extra rows are padding (no index, length 0, position 0) and are not compared; a padded row that
+    carries an entry, or rows of a field that is not per query, still differ."""
+    import torch
+
+    from harness.sglang_target.differential import _trim_padding_rows, _trim_skipped_columns
+
+    live = torch.tensor([[3, -1], [3, 4]])
+    bucket = torch.tensor([[3, -1, -1], [3, 4, -1], [-1, -1, -1]])
+    x, y = _trim_skipped_columns(*_trim_padding_rows("c0_combined_indices", live, bucket))
+    assert torch.equal(x, y)
+    assert [t.shape[0] for t in _trim_padding_rows("c0_combined_lens", torch.tensor([2, 1]),
+                                                   torch.tensor([2, 1, 0]))] == [2, 2]
+    entry = torch.tensor([[3, -1, -1], [3, 4, -1], [5, -1, -1]])
+    assert _trim_padding_rows("c0_combined_indices", live, entry)[1].shape[0] == 3, "a padded row with an entry"
+    assert _trim_padding_rows("swa_token_ids", torch.tensor([7, 8]), torch.tensor([7, 8, -1]))[1].shape[0] == 3
+
+
 def test_contract_oracle_reports_each_static_break_of_a_target():
     class Broken(ComparedWithTheModel):
         def contract_breaks(self):

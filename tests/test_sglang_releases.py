@@ -32,6 +32,7 @@ from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
+from harness.sglang_target.server import DSV4_ARCHITECTURES  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets import TargetSpec  # noqa: E402
 from harness.targets.protocol import GraphReplay, Publish  # noqa: E402
@@ -54,7 +55,7 @@ def target():
     return SglangTarget()
 
 
-def _case(target, *batches, contract="fresh", **flags) -> Case:
+def _case(target, *batches, contract="bcg", **flags) -> Case:
     """A case of the installed release's semantics, with a spec that publishes in it."""
     spec = SpeculativeAlgorithm.DFLASH if target.semantics == "pr" else SpeculativeAlgorithm.NONE
     return Case(semantics=target.semantics, spec=spec, graph_contract=contract, batches=batches, dims=DIMS,
@@ -71,20 +72,32 @@ def test_the_release_is_recognised_and_named(target):
     assert target.version == INSTALLED and target.semantics == semantics and target.api.generation is generation
     assert f"sglang {INSTALLED}, adapter {generation.name}" in target.description
     assert target.cannot_run == (frozenset() if semantics == "0.5.23" else frozenset({"cp_active"}))
-    # tc_piecewise (the `fresh` contract) is a prefill backend to 0.5.21; 0.5.22 removed it
-    assert target.graph_contracts == (("bcg",) if INSTALLED in ("0.5.22", "0.5.23") else ("fresh", "bcg"))
+    # no release replays DSV4's prefill graph under tc_piecewise (the `fresh` contract): 0.5.22 removed the backend,
+    # and to 0.5.21, where it is offered, SGLang's own server resolution turns it off for DSV4's architecture
+    assert target.graph_contracts == ("bcg",)
     # the sizes its backend asserts: DSV4's page, head_dim and top-k; 0.5.19's and 0.5.20's SWA window too
     assert target.fixed_dims == {"page_size": 256, "head_dim": 512, "index_topk": 512, "kv_format": "fp8_v4",
                                  **({"swa_window": 128} if INSTALLED in ("0.5.19", "0.5.20") else {})}
 
 
-@pytest.mark.parametrize("shape", ["eager-sparse", "eager-dense", "graph-fresh", "graph-bcg"])
+def test_no_release_replays_dsv4s_prefill_graph_under_tc_piecewise(target):
+    """The `fresh` contract is a tc_piecewise replay. The releases that offer that prefill backend (to 0.5.21) list
+    DSV4's architecture in `piecewise_cuda_graph_disabled_model_archs`, so a DSV4 server asking for it gets no
+    prefill graph ("model-arch blacklist" in `disable_tc_piecewise_cudagraph_if_incompatible`); the target asks
+    SGLang's own predicate and replays under `bcg` only. A release that dropped DSV4 from that list would bring
+    `fresh` back."""
+    mods = target.api.mods
+    config = mods["graph_config"]
+    offered = getattr(config.Backend, "TC_PIECEWISE", None) in config.ALLOWED_BACKENDS_PER_PHASE[config.Phase.PREFILL]
+    assert offered == (INSTALLED in ("0.5.19", "0.5.20", "0.5.21"))
+    assert mods["model_config"].is_piecewise_cuda_graph_disabled_model(DSV4_ARCHITECTURES)
+    assert target.graph_contracts == ("bcg",)
+
+
+@pytest.mark.parametrize("shape", ["eager-sparse", "eager-dense", "graph-bcg"])
 def test_each_path_runs_clean_through_the_releases_runners(target, harness_device, shape):
-    if shape == "graph-fresh" and "fresh" not in target.graph_contracts:
-        pytest.skip(f"sglang {INSTALLED} has no tc_piecewise prefill graph (removed in 0.5.22)")
     batch = Batch(requests=(Request(6, 5), Request(0, 4)), graph=shape.startswith("graph"), mutations=(REWRITE,))
-    case = _case(target, batch, contract="bcg" if shape == "graph-bcg" else "fresh",
-                 SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=shape != "eager-dense")
+    case = _case(target, batch, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=shape != "eager-dense")
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     published = _published(result)

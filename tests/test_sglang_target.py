@@ -548,6 +548,43 @@ def test_a_breakable_graph_replay_is_sglangs_capture_refresh_and_forward(target,
     assert calls.index("capture_one_shape") < calls.index("prepare_forward_metadata_for_breakable_cuda_graph_replay")
 
 
+def test_a_breakable_replays_attention_is_dsv4s_graph_op_over_the_live_rows(target, harness_device, monkeypatch):
+    """Inside the breakable graph DSV4's model calls its attention op (`bcg_deepseek_v4_attention_with_output`, the
+    eager segment between captured ones), not the backend: the op gets the bucket's rows and slices them to the
+    batch's live token count (`global_num_token_non_padded_cpu`, which the static batch carries from the live one)
+    before the backend's `forward`. So the forward runs the live rows, and a layer whose captured SWA write
+    locations cover the bucket translates the live rows' through the mapping (`get_swa_out_cache_loc`), declared."""
+    from harness.sglang_target import eager
+
+    mods, backend_cls = target.api.mods, target.api.backend_cls
+    rows = {"op": [], "forward": []}
+    callable_op, forward = eager.sglang_op, backend_cls.forward
+
+    def counted_op(op, kernels_on):
+        assert op is mods["model"].deepseek_v4_attention_with_output  # the model's own op, as SGLang's model has it
+        run = callable_op(op, kernels_on)
+        return lambda query, *args: rows["op"].append(query.shape[0]) or run(query, *args)
+
+    def counted_forward(self, q, *args, **kwargs):
+        rows["forward"].append(q.shape[0])
+        return forward(self, q, *args, **kwargs)
+
+    monkeypatch.setattr(eager, "sglang_op", counted_op)
+    monkeypatch.setattr(backend_cls, "forward", counted_forward)
+    replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
+    bucket = mods["base_graph_runner"].BaseCudaGraphRunner._pad_to_bucket(
+        5, mods["buckets"].generate_prefill_cuda_graph_batch_sizes(2048))
+    assert bucket > 5  # the case pads: the op has rows to slice off
+    result = run_case(target, Case(dims=DIMS, graph_contract="bcg", batches=(replay,)), harness_device,
+                      target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    # every layer of every run of the case (the overlapped one, the barriered one, ...): the op over the bucket,
+    # the forward it calls over the live rows
+    calls = len(rows["op"])
+    assert calls and calls % len(DIMS.layer_ratios) == 0
+    assert rows["op"] == [bucket] * calls and rows["forward"] == [5] * calls
+
+
 def test_each_session_starts_with_an_empty_process_wide_input_buffer_pool(target, harness_device):
     """SGLang coalesces graph input buffers of one name and size process-wide (`input_buffers.share_input_buffer`);
     a server has one such pool for its life, a campaign's process opens a session per case. The last case's

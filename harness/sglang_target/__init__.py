@@ -53,7 +53,7 @@ class SglangTarget(Target):
         # Before 0.5.23 the eager runner shards a CP batch across ranks and all-gathers the result
         # (`_execute_extend_cp`): one process cannot run it; 0.5.23's DSV4 owns the CP layout in its model.
         self.cannot_run = frozenset() if self.api.generation.runs_cp else frozenset({"cp_active"})
-        self.graph_contracts = self.api.graph_contracts  # from 0.5.22 DSV4's prefill graph is the breakable one only
+        self.graph_contracts = self.api.graph_contracts  # DSV4's prefill graph is the breakable one only
         self.fixed_dims = fixed_dims(self.api)  # the release's backend asserts DSV4's page size, head_dim and top-k
         # compiled extensions that could not load, stood in; for the real forward FlashMLA, without a GPU JIT kernels
         self.stand_ins = self.api.stand_ins.describe() + stand_in_rows(self.api)

@@ -46,8 +46,9 @@ from harness.errors import EnvironmentBroken
 from harness.semantics import Semantics
 from harness.sglang_target.generations import (BACKEND, BASE_BACKEND, BREAKABLE_BACKEND, BUFFER_REGISTRY, GENERATIONS,
                                                GRAPH_CONFIG, GRAPH_RUNNER, INPUT_BUFFERS, KERNELS, KV_TRANSLATOR,
-                                               SHAPE_KEY,
-                                               SPARSE_UTILS, SPEC, TC_BACKEND, Generation, recognise)
+                                               MODEL, SHAPE_KEY, SPARSE_UTILS, SPEC, TC_CONTEXT,
+                                               Generation, recognise)
+from harness.sglang_target.server import DSV4_ARCHITECTURES
 
 TRITON_KERNELS = ("_build_swa_token_ids_kernel", "_combine_topk_swa_indices_kernel")  # SGLang's own, in KERNELS
 DEQUANT = "sglang.kernels.ops.attention.dsv4.dequant_k_cache"  # the V4 cache's Triton dequantizer (0.5.23)
@@ -72,6 +73,7 @@ FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 LOGITS = "sglang.srt.layers.logits_processor"
 SERVER_ARGS = "sglang.srt.server_args"
 SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook"
+MODEL_CONFIG = "sglang.srt.configs.model_config"
 
 # (module, dotted attribute) every generation needs; each generation's own names are in `generations`.
 _COMMON = [
@@ -110,16 +112,20 @@ _COMMON = [
     (GRAPH_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.execute"), (GRAPH_RUNNER, "PrefillCudaGraphRunner.load_batch"),
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.can_run_graph"), (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
-    (BUFFER_REGISTRY, "build_prefill_registry"), (INPUT_BUFFERS, "_forward_input_buffer_pool"), (TC_BACKEND, "TcPiecewiseCudaGraphBackend"),
+    (BUFFER_REGISTRY, "build_prefill_registry"), (INPUT_BUFFERS, "_forward_input_buffer_pool"),
     (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"), (GRAPH_CONFIG, "ALLOWED_BACKENDS_PER_PHASE"), (GRAPH_CONFIG, "Phase"), (SHAPE_KEY, "ShapeKey"),
+    (MODEL_CONFIG, "is_piecewise_cuda_graph_disabled_model"), (MODEL, "deepseek_v4_attention_with_output"), (TC_CONTEXT, "get_tc_piecewise_forward_context"),
+    (TC_CONTEXT, "_tc_piecewise_forward_context"),
 ]
 # Whether a batch runs context-parallel: `is_cp_active` from 0.5.20 on, `is_cp_v2_active` in 0.5.19.
 CP_PREDICATES = ("is_cp_active", "is_cp_v2_active")
 
 
 # Compiled extensions SGLang imports on a CUDA host, stood in only where they cannot be loaded: its CUDA kernels
-# (sglang-kernel) and flashinfer's, which 0.5.19's fp8 utilities import on CUDA.
-COMPILED_EXTENSIONS = ("sgl_kernel", "flashinfer")
+# (sglang-kernel), flashinfer's, which 0.5.19's fp8 utilities import on CUDA, and DeepGEMM's, which DSV4's model
+# module imports on CUDA (0.5.23's Mega mHC, `kernels/ops/layernorm/mhc_mega.py`; the target calls none of its
+# ops: it takes only the model's attention op, `eager.EagerPath._graph_op`).
+COMPILED_EXTENSIONS = ("sgl_kernel", "flashinfer", "deep_gemm")
 
 
 class StandInUsed(EnvironmentBroken):
@@ -244,14 +250,18 @@ class SglangApi:
 
     @property
     def graph_contracts(self) -> tuple[str, ...]:
-        """The prefill-graph contracts DSV4 has in this release (`Case.graph_contract`): the breakable graph
-        replaying the backend's captured metadata (`bcg`: DSV4's `use_captured_forward_metadata_for_breakable_
-        cuda_graph`), and, while the release offers the tc_piecewise prefill backend, its replay that plans fresh
-        metadata (`fresh`). 0.5.22 removed it ("tc_piecewise was removed; select breakable, full, or disabled");
-        the full backend is no prefill contract of DSV4 (its out-of-graph init raises for EXTEND)."""
+        """The prefill-graph contracts a DSV4 server of this release replays (`Case.graph_contract`): the breakable
+        graph replaying the backend's captured metadata (`bcg`: DSV4's `use_captured_forward_metadata_for_breakable_
+        cuda_graph`), and the tc_piecewise replay that plans fresh metadata (`fresh`) only where the release offers
+        that backend and SGLang's own server resolution keeps it for DSV4. None does: 0.5.22 removed the backend
+        ("tc_piecewise was removed; select breakable, full, or disabled"), and 0.5.19 to 0.5.21 list DSV4's
+        architectures in `piecewise_cuda_graph_disabled_model_archs`, so `disable_tc_piecewise_cudagraph_if_
+        incompatible` turns a DSV4 server's tc_piecewise prefill graph off ("model-arch blacklist"). The full
+        backend is no prefill contract of DSV4 (its out-of-graph init raises for EXTEND)."""
         config = self.mods["graph_config"]
-        prefill = config.ALLOWED_BACKENDS_PER_PHASE[config.Phase.PREFILL]
-        return GRAPH_CONTRACTS if getattr(config.Backend, "TC_PIECEWISE", None) in prefill else ("bcg",)
+        offered = getattr(config.Backend, "TC_PIECEWISE", None) in config.ALLOWED_BACKENDS_PER_PHASE[config.Phase.PREFILL]
+        kept = not self.mods["model_config"].is_piecewise_cuda_graph_disabled_model(DSV4_ARCHITECTURES)
+        return GRAPH_CONTRACTS if offered and kept else ("bcg",)
 
     def is_cp_active(self, forward_batch) -> bool:
         """This version's own predicate for a context-parallel batch (renamed in 0.5.20)."""
@@ -363,8 +373,9 @@ def load_api() -> SglangApi:
         eager_runner=EAGER_RUNNER,
         model_runner=MODEL_RUNNER, buffer_registry=BUFFER_REGISTRY, forward_context=FORWARD_CONTEXT, logits=LOGITS,
         kv_translator=KV_TRANSLATOR, swa_kernels=generation.swa_kernels_module, server_args=SERVER_ARGS,
-        spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, tc_backend=TC_BACKEND, breakable_backend=BREAKABLE_BACKEND,
-        graph_config=GRAPH_CONFIG, input_buffers=INPUT_BUFFERS).items()}
+        spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, breakable_backend=BREAKABLE_BACKEND,
+        graph_config=GRAPH_CONFIG, input_buffers=INPUT_BUFFERS, model=MODEL, tc_context=TC_CONTEXT,
+        model_config=MODEL_CONFIG).items()}
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)
     want = "shared_read_ends" if generation.publishes_from_read_end else "forward_batch"

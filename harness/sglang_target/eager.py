@@ -30,12 +30,13 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 
 from harness.probe import Forward, LazyBuild, PlanKind
 from harness.sglang_target import real_backend
-from harness.sglang_target.platform import sglang_config, swa_window
+from harness.sglang_target.platform import sglang_config, sglang_op, swa_window
 from harness.sglang_target.real_graph import CapturedBucket
 from harness.world import BatchWorld, kv_contents
 
@@ -145,11 +146,14 @@ class EagerPath:
         """Every layer of the harness's model over SGLang's backend: [layers, tokens, heads, 512] bf16.
         `fb`: the harness's batch (the model's inputs); `forward_batch`: SGLang's, as its runner gives it.
         `captured`: in a breakable graph's replay, what the bucket's graph holds: its captured segments (the
-        compressor store and the indexer) read that metadata and those static inputs; the eager segment, the
-        backend's `forward`, reads the backend's metadata as the replay's prep left it."""
+        compressor store and the indexer) read that metadata and those static inputs; the eager segment is DSV4's
+        attention op as the model calls it inside the breakable graph (`bcg_deepseek_v4_attention_with_output`):
+        over the bucket's rows, it slices them to the batch's live token count, calls the backend's `forward` with
+        the static batch (the backend's metadata as the replay's prep left it) and zeroes the padded rows."""
         backend, dims, ratios = self.real.backend, self.case.dims, self.real.layer_ratios
-        rows = fb.num_tokens
-        out = torch.zeros(len(ratios), rows, dims.heads, dims.head_dim, dtype=torch.bfloat16,
+        # the rows the backend's forward runs: the live ones, where the graph's attention op slices the bucket
+        rows = fb.num_tokens if captured is None else self.mr.live_batch.num_tokens
+        out = torch.zeros(len(ratios), fb.num_tokens, dims.heads, dims.head_dim, dtype=torch.bfloat16,
                           device=self.device.torch_device)
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
         segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
@@ -159,18 +163,21 @@ class EagerPath:
         self.probe.note(Forward(rows=rows, sparse=sparse))
         self.mr.plans.read(PlanKind.METADATA, metadata)
         builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily
-        # A PR-era breakable replay keeps no SWA write locations in its captured metadata (they are "recomputed by
-        # the recorded init_forward_metadata_in_graph op"): every layer's store translates the batch's
-        # out_cache_loc through the live mapping (`get_swa_out_cache_loc`), by design. 0.5.23's replay prep
-        # translates once, into the captured tensor; an eager plan always carries them.
-        translates = captured is not None and metadata.core_attn_metadata.swa_out_cache_loc is None
+        # A layer's store takes the plan's SWA write locations only where they cover the rows it stores
+        # (`get_swa_out_cache_loc`), else it translates the batch's out_cache_loc through the live mapping. An eager
+        # plan always covers them. A breakable replay does not: a PR-era captured plan keeps none (they are
+        # "recomputed by the recorded init_forward_metadata_in_graph op"), and 0.5.23's, translated once into the
+        # captured tensor by the replay prep, has the bucket's rows, where the graph's attention op stores only the
+        # live ones unless the batch fills its bucket.
+        planned = metadata.core_attn_metadata.swa_out_cache_loc
+        translates = captured is not None and (planned is None or planned.shape[0] != rows)
         for layer, ratio in enumerate(ratios):
             if ratio:
                 self._compressor(segments, layer, ratio)
             if ratio == 4:
                 self._indexer(fb, segments, layer)
             self._attention(fb, forward_batch, metadata, layer, ratio, out, sparse=sparse,
-                            builds=builds and layer == 0, translates=translates)
+                            builds=builds and layer == 0, translates=translates, graph=captured is not None)
         return out
 
     def _compressor(self, segments: "_Segments", layer: int, ratio: int) -> None:
@@ -214,20 +221,26 @@ class EagerPath:
                            reads={"indexer_k": None, **self._named("meta")}, writes=self._named("meta.c4_sparse"))
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
-                   sparse: bool, builds: bool, translates: bool) -> None:
+                   sparse: bool, builds: bool, translates: bool, graph: bool) -> None:
         """The backend's `forward` for one layer, as one launch. `sparse`: the layer reads the chunk cache (noted for
         the `freshness` oracle, as a build the layer makes itself); `builds`: the chunk cache is missing at issue,
         so this layer is meant to build it from the tables (the coarse barrier orders that read; after a
         published event it is a race, which the tracker and the policy oracle report); `translates`: the plan
-        carries no SWA write locations, so the layer's store is meant to translate them through the live mapping."""
+        carries no SWA write locations, so the layer's store is meant to translate them through the live mapping;
+        `graph`: a breakable replay's eager segment, DSV4's attention op in the replay's contexts (`_graph_op`)."""
         backend, radix = self.real.backend, self.real.layers[layer]
         q, k = fb.q[layer].to(torch.bfloat16), fb.kv_new[layer].to(torch.bfloat16)
         sink = self.mr.session.sink[layer]
+        graph_op = self._graph_op() if graph else None
 
         def attend():
             with self.sglang(), self.bound(metadata):
                 cache = metadata.sparse_prefill_cache
-                out[layer].copy_(backend.forward(q, k, k, radix, forward_batch, compress_ratio=ratio, attn_sink=sink))
+                if graph_op is not None:
+                    graph_op(q, k, out[layer], layer, ratio, sink, True)
+                else:
+                    out[layer].copy_(backend.forward(q, k, k, radix, forward_batch, compress_ratio=ratio,
+                                                     attn_sink=sink))
                 if metadata.sparse_prefill_cache is not cache:  # this layer built the chunk cache itself
                     self.probe.note(LazyBuild(layer=layer))
                     self.mr.plans.planned(PlanKind.CHUNK_CACHE, metadata.sparse_prefill_cache)
@@ -247,6 +260,24 @@ class EagerPath:
             reads.update(dict.fromkeys(("full_to_swa", "fb.out_cache_loc")))
         self.device.launch(f"{self.prefix}layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads,
                            writes=writes)
+
+    def _graph_op(self):
+        """DSV4's attention op as the breakable graph's eager segment runs it, in the contexts the replay held when
+        it issued the layer (the launched closure runs after the replay left them): the forward context, whose
+        backend the op takes, and the prefill graph's context (`set_tc_piecewise_forward_context`: the static batch,
+        the runner's attention layers). Outside a capture `bcg_deepseek_v4_attention_with_output` (`eager_on_graph`)
+        calls the op itself, `deepseek_v4_attention_with_output`."""
+        mods = self.api.mods
+        contexts, graph_context = mods["forward_context"], mods["tc_context"]
+        held_forward, held_graph = contexts.get_forward_context(), graph_context.get_tc_piecewise_forward_context()
+        op = sglang_op(mods["model"].deepseek_v4_attention_with_output, self.api.kernels_on)
+
+        def run(*args) -> None:
+            with contexts.forward_context(held_forward), \
+                    mock.patch.object(graph_context, "_tc_piecewise_forward_context", held_graph):
+                op(*args)
+
+        return run
 
 
 @dataclasses.dataclass(frozen=True)

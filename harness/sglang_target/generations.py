@@ -35,10 +35,12 @@ GRAPH_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 SHAPE_KEY = "sglang.srt.model_executor.runner.shape_key"
 BUFFER_REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 INPUT_BUFFERS = "sglang.srt.model_executor.input_buffers"  # the process-wide pool of graph input buffers
-TC_BACKEND = "sglang.srt.model_executor.runner_backend.tc_piecewise_cuda_graph_backend"
 BREAKABLE_BACKEND = "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend"
 GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 KV_TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator"
+MODEL = "sglang.srt.models.deepseek_v4"  # DSV4's model: its tc_piecewise split op calls the backend's forward
+# the prefill graph runner's forward context (named for tc_piecewise; the breakable graph's eager segments read it)
+TC_CONTEXT = "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager"
 
 
 @dataclass(frozen=True)

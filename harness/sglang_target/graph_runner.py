@@ -24,11 +24,11 @@ each the CUDA-graph machinery of a server process that one process without a mod
   ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
   server's largest buckets. A case that replays nothing captures the smallest bucket.
 
-On the other releases, for a tc_piecewise case (`fresh`, to 0.5.21) and for a case none of whose batches runs the
-real backend (CP or HiSparse on, whose layouts are the harness's), the runner object is built with the fields its
-`__init__` sets (`object_built_runner`), a bucket captured when SGLang's replay first asks for it
-(`CapturedGraphs`); the batches of the real path's case that run the harness's layers (draft-extend) use those
-captures too.
+For a case none of whose batches runs the real backend (CP or HiSparse on, whose layouts are the harness's), the
+runner object is built with the fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's
+replay first asks for it (`CapturedGraphs`); the batches of the real path's case that run the harness's layers
+(draft-extend) use those captures too. No release replays DSV4's prefill graph under tc_piecewise
+(`SglangApi.graph_contracts`), so the breakable backend is the only one driven.
 """
 
 from __future__ import annotations
@@ -133,12 +133,12 @@ class _CapturedMetadata(dict):
 
 
 def _harness_graph_backend(base: type) -> type:
-    """SGLang's graph backend class `base` (tc_piecewise or breakable) with its `replay` the harness's: the
-    captured graphs are the harness's layers (there is no model to capture). Everything else of the
-    backend, `replay_session` included, is SGLang's."""
+    """SGLang's breakable graph backend class `base` with its `replay` the harness's: the captured graphs are the
+    harness's layers (there is no model to capture). Everything else of the backend, `replay_session` included,
+    is SGLang's."""
 
     def replay(self, shape_key, static_forward_batch, **kwargs):
-        return self.harness_graphs.replay(shape_key, static_forward_batch, whole_model=not self.body_only)
+        return self.harness_graphs.replay(shape_key, static_forward_batch)
 
     def capture_one(self, shape_key, run_once, **kwargs):
         """SGLang's capture of a bucket (`capture_one_shape`, real-backend buckets only) ends here: there is no
@@ -161,22 +161,21 @@ def _harness_graph_backend(base: type) -> type:
 class SglangPrefillGraphRunner:
     """SGLang's `PrefillCudaGraphRunner`, driven per batch through its `can_run_graph` and `execute`: `load_batch`
     (the bucket, the static-buffer registry's padding, the static batch, the breakable static buffers,
-    `_prepare_forward_metadata_for_replay`), the publish, `_execute_tc_piecewise` or `_execute_body_capture`, and
+    `_prepare_forward_metadata_for_replay`), the publish, `_execute_body_capture`, and
     the trim of the output to the live rows are SGLang's. The runner is built by SGLang's `__init__` where the
     backend runs for real (`sglang_built_runner`, see the module's docstring), else with the fields its `__init__`
     sets (`object_built_runner`: no LoRA, CP, multimodal input, draft model, chunked-prefix capture or fixed
-    context). The contract names the graph backend: `fresh` the tc_piecewise one (metadata planned for every
-    replay), `bcg` the breakable one with DSV4's captured metadata. The PR-era releases key a bucket by its token
-    count where 0.5.23 has a ShapeKey, and name a few switches differently."""
+    context). Its graph backend is the breakable one, with DSV4's captured metadata (`bcg`, the one contract a
+    DSV4 server replays). The PR-era releases key a bucket by its token count where 0.5.23 has a ShapeKey, and
+    name a few switches differently."""
 
-    def __init__(self, model_runner, *, contract: str):
+    def __init__(self, model_runner):
         api = model_runner.api
-        self.mr, self.api, self.contract = model_runner, api, contract
+        self.mr, self.api = model_runner, api
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
-        # SGLang captures the buckets the real path replays (`replays_real`: the breakable graph's); a tc_piecewise
-        # replay (`fresh`, to 0.5.21) plans fresh metadata per replay and runs the harness's path.
-        if model_runner.real_case and contract == "bcg":
+        # SGLang captures the buckets the real path replays (`replays_real`) at start-up
+        if model_runner.real_case:
             self.runner = self.sglang_built_runner()
         else:
             self.real = None
@@ -234,7 +233,7 @@ class SglangPrefillGraphRunner:
         def resolve_prefill_backend(runner):
             backend = resolve(runner)
             backend.__class__ = _harness_graph_backend(type(backend))
-            backend.harness_graphs, backend.body_only = self, True
+            backend.harness_graphs = self
             return backend
 
         exec_config = runtime.get_exec()
@@ -260,17 +259,13 @@ class SglangPrefillGraphRunner:
         mods, mr = self.api.mods, self.mr
         graph_runner = mods["graph_runner"]
         runner = object.__new__(graph_runner.PrefillCudaGraphRunner)
-        breakable = self.contract == "bcg"
-        backend_cls = _harness_graph_backend(mods["breakable_backend"].BreakableCudaGraphBackend if breakable
-                                             else mods["tc_backend"].TcPiecewiseCudaGraphBackend)
-        backend = object.__new__(backend_cls)
-        backend.harness_graphs, backend.body_only = self, breakable
+        backend = object.__new__(_harness_graph_backend(mods["breakable_backend"].BreakableCudaGraphBackend))
+        backend.harness_graphs = self
         tdev = self.mr.harness_device.torch_device
         max_bs = self.mr.session.sizes.max_reqs
         runner.__dict__.update(
             model_runner=mr, device=mr.device, device_module=mr.device_module, backend=backend,
-            prefill_backend_name=mods["graph_config"].Backend.BREAKABLE if breakable
-            else mods["graph_config"].Backend.TC_PIECEWISE,
+            prefill_backend_name=mods["graph_config"].Backend.BREAKABLE,
             capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
             max_bs=max_bs, max_context_size=None, max_seq_len=None,
             enable_cp_bcg_capture=False,
@@ -285,13 +280,12 @@ class SglangPrefillGraphRunner:
             _backend_can_run_prefill_cuda_graph=None,
             _capture_chunked_prefix=False, attention_layers=[], mha_companion_layers=[], moe_layers=[],
             moe_fusions=[], dsa_indexers=None, quant_config=None, raw_num_tokens=0, raw_bs=0,
-            layer_model=mr.model.model if breakable else None,
+            layer_model=mr.model.model,
             _input_embeds_arg_idx=None,  # the PR era's: the layer model's forward takes no input_embeds
             _prefill_static_buffers={name: torch.zeros((max_bs,), dtype=torch.int64, device=tdev)
-                                     for name in graph_runner._PREFILL_STATIC_FIELDS} if breakable else None)
+                                     for name in graph_runner._PREFILL_STATIC_FIELDS})
         runner.max_num_tokens = max(runner.capture_num_tokens)
-        runner.use_captured_attn_metadata = (
-            breakable and mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph)
+        runner.use_captured_attn_metadata = mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph
         runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
         if hasattr(mr.attn_backend, "prefill_cuda_graph_max_batch_size"):  # 0.5.23's bound; the PR era has none
             runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
@@ -367,18 +361,16 @@ class SglangPrefillGraphRunner:
         mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
         return real_prepare(forward_batch, static_forward_batch, shape_key)
 
-    def replay(self, shape_key, static_forward_batch, *, whole_model: bool):
-        """The captured graph of `shape_key`, replayed: the harness's layers over the padded batch and the
-        static batch, rows first as SGLang's outputs are; the whole model's output for tc_piecewise (it
-        captures the logits too), the body's hidden states for the breakable backend."""
+    def replay(self, shape_key, static_forward_batch):
+        """The captured body of `shape_key`, replayed: the harness's layers over the padded batch and the static
+        batch, rows first as SGLang's outputs are (the body's hidden states)."""
         mr = self.mr
         mr.bridge_delay()
         if mr.real_batch:  # the breakable graph's body: captured segments and SGLang's forward
             out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[bucket_of(shape_key)])
             return out.transpose(0, 1)
-        out = mr.run_model(mr.replay_batch, static_forward_batch,
-                           store_compressed=self.graphs.replay_store(bucket_of(shape_key))).transpose(0, 1)
-        return mr.model.logits_output(out) if whole_model else out
+        return mr.run_model(mr.replay_batch, static_forward_batch,
+                            store_compressed=self.graphs.replay_store(bucket_of(shape_key))).transpose(0, 1)
 
     def can_run_graph(self, live) -> bool:
         """SGLang's `can_run_graph` (and through it `can_replay_locally`: the token ceiling, the padding

@@ -31,6 +31,7 @@ from harness.targets import ReferenceSession  # the owning SglangSession's base 
 
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
+_NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_cpu")
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
 # What SGLang's metadata copy_ / refresh read: the fresh metadata, and through its raw_out_loc (a reference
 # to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
@@ -155,7 +156,7 @@ class SglangModelRunner:
         # What the prefill graph runner's `__init__` reads of its model runner besides: no LoRA, no layer lists
         # for MoE or MHA companions (the harness's layers own none), the model's dtype, the published server.
         self.lora_manager, self.gpu_id, self.dtype = None, 0, torch.bfloat16
-        self.attention_layers, self.mha_companion_layers, self.moe_layers, self.moe_fusions = [], [], [], []
+        self.mha_companion_layers, self.moe_layers, self.moe_fusions = [], [], []
         self.server_args = server.server_args()
         # `BaseRunner.warmup` before the start-up capture prepares the model's kernels (its all-reduce workspaces,
         # FlashInfer's autotune of its MoE and GEMMs): the harness's model has none, so the model runner is marked
@@ -175,6 +176,9 @@ class SglangModelRunner:
             if hasattr(real, method):
                 setattr(self, method, MethodType(getattr(real, method), self))
         self.eager = self._real_backend()  # the real backend's path for the batches that run it
+        # The model's attention layers, by layer id, as `ModelRunner` collects them: the prefill graph runner's
+        # context holds them, and the model's graph attention op hands the backend's `forward` its layer from it.
+        self.attention_layers = list(self.eager.real.layers)
         self.token_to_kv_pool = self.eager.real.pool  # the KV pool SGLang's code sees: SGLang's own
         self.kv_index_translator = api.mods["kv_translator"].KVIndexTranslator(
             req_to_token=session.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=None,
@@ -200,7 +204,7 @@ class SglangModelRunner:
         return self.case.dims.layer_ratios
 
     def _build_graph_runner(self) -> Optional[SglangPrefillGraphRunner]:
-        return SglangPrefillGraphRunner(self, contract=self.case.graph_contract)
+        return SglangPrefillGraphRunner(self)
 
     @staticmethod
     def attn_tp_sequence_sharded(num_tokens: int) -> bool:
@@ -359,6 +363,11 @@ class SglangModelRunner:
             extend_prefix_lens_cpu=prefix_lens, extend_num_tokens=fb.num_tokens,
             extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm,
             capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL)
+        # The batch's live token count, as `ForwardBatch.init_new` sets it (0.5.20 on `global_`, 0.5.19 not): what a
+        # padded static batch carries and the model's graph attention op slices a layer's rows to.
+        for name in _NON_PADDED_FIELDS:
+            if hasattr(batch, name):
+                setattr(batch, name, fb.num_tokens)
         if mode == mods["forward"].ForwardMode.TARGET_VERIFY and self.runs_real(fb):
             self._as_verify(batch, fb, prefix_lens)
         # The iteration's KV-slot plan, as `ForwardBatch.init_new` gives every batch (the graph runner's
@@ -424,9 +433,9 @@ class SglangModelRunner:
 
     def replays_real(self, fb: ForwardBatch) -> bool:
         """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
-        run for real eagerly, replayed by the breakable graph with DSV4's captured metadata (`bcg`). The
-        tc_piecewise replay (`fresh`) still runs the harness's metadata and layers."""
-        return self.case.graph_contract == "bcg" and self.runs_real(fb)
+        run for real eagerly, replayed by the breakable graph with DSV4's captured metadata (`bcg`, the one
+        contract the target replays: `SglangApi.graph_contracts`)."""
+        return self.runs_real(fb)
 
     def use_sparse_prefill(self, forward_batch, rows: int) -> bool:
         """Whether the forward of `rows` query rows takes sparse prefill: SGLang's own dispatch where the release

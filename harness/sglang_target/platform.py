@@ -30,6 +30,7 @@ from typing import Iterator, Optional
 import torch
 
 from harness.case import Case
+from harness.device import DeviceKind
 from harness.device.base import Device, Event, Stream
 from harness.errors import EnvironmentBroken
 
@@ -262,6 +263,20 @@ class TrackedStream(torch.cuda.ExternalStream):
 
 
 # -- the runtime context and the case's switches -------------------------------------------------------
+
+def sglang_op(op, kernels_on: DeviceKind):
+    """A custom op of SGLang's own Python (`register_custom_op`: `op` the model's callable, the registered op to
+    0.5.22, 0.5.23's eager shortcut to it), callable on the harness's device. SGLang registers the function as the
+    op's kernel for one dispatch key, CUDA's on a host that is neither NPU, XPU nor MUSA
+    (`direct_register_custom_op`), and 0.5.23's shortcut calls the function itself only for CUDA tensors. On the
+    CPU simulator, whose tensors are the CPU's, torch finds no kernel for them: there the registered op is
+    redispatched to the CUDA key, which runs SGLang's function on the tensors it is given. On CUDA the op is
+    called as the model calls it."""
+    if kernels_on is DeviceKind.CUDA:
+        return op
+    overload, cuda = getattr(torch.ops.sglang, op.__name__).default, torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    return lambda *args: overload.redispatch(cuda, *args)
+
 
 def _parallel_fields(api) -> frozenset:
     """The names this version's `get_parallel().override` accepts (a constant before 0.5.23, derived since)."""

@@ -24,8 +24,9 @@ from pathlib import Path
 # A DeepSeek-V4 of three layers (one of each compress ratio) and two heads: SGLang's ServerArgs resolution reads
 # the architecture, the attention shape and the compress ratios; the sizes of the MoE and projections only
 # need to be consistent.
+DSV4_ARCHITECTURES = ["DeepseekV4ForCausalLM"]  # the served model's, as its config.json names it
 TINY_DSV4 = {
-    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
+    "architectures": DSV4_ARCHITECTURES, "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
     "num_hidden_layers": 3, "compress_ratios": [0, 4, 128], "num_attention_heads": 2, "num_key_value_heads": 1,
     "hidden_size": 256, "head_dim": 512, "v_head_dim": 512, "qk_nope_head_dim": 448, "qk_rope_head_dim": 64,
     "window_size": 128, "sliding_window": 128, "index_topk": 512, "index_n_heads": 2, "index_head_dim": 128,

@@ -21,15 +21,15 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
-- every other batch (CP and HiSparse cases, tc_piecewise replays on the releases that have them, the target's part
-  of a draft-extend batch) runs the harness's metadata and layers over the same
+- every other batch (CP and HiSparse cases, the target's part of a draft-extend batch) runs the harness's metadata and layers over the same
   backend object, as listed under "Replaced" below; so does the draft extend after a decode batch and after a
   verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the SWA latents SGLang's forward stored
   where it ran).
 
-From 0.5.22 DSV4's prefill graph is the breakable one only (the tc_piecewise prefill backend was removed, and
-DSV4's breakable graph replays its captured metadata): the target says so (`Target.graph_contracts`), so a
-campaign replays every drawn case there under `bcg`, and a `fresh` replay is refused.
+A DSV4 server of any release replays its prefill graph as the breakable graph over DSV4's captured metadata only:
+0.5.22 removed the tc_piecewise prefill backend, and to 0.5.21 SGLang's own server resolution turns it off for
+DSV4's architecture (`piecewise_cuda_graph_disabled_model_archs`). The target says so (`Target.graph_contracts`),
+so a campaign replays every drawn case under `bcg`, and a `fresh` replay is refused.
 
 Real SGLang code on both paths, called on objects that carry what it reads (each entry point by file and
 function):
@@ -44,9 +44,10 @@ function):
   `can_replay_locally`) and `execute`, and through it `load_batch` (the bucket by `_pad_to_bucket`, the
   static-buffer registry of `cuda_graph_buffer_registry.build_prefill_registry` and its `fill_from` with
   SGLang's padding, the static batch, the breakable static buffers), `_prepare_forward_metadata_for_replay`,
-  the publish, `_execute_tc_piecewise` / `_execute_body_capture` and `_finalize_execute_output` (the trim to
-  the live rows); the graph backends `TcPiecewiseCudaGraphBackend` / `BreakableCudaGraphBackend` but for
-  their `replay`; `mem_cache/kv_index_translator.py`: `KVIndexTranslator.own_plan` and the plan's `bind` /
+  the publish, `_execute_body_capture` and `_finalize_execute_output` (the trim to the live rows); the graph
+  backend `BreakableCudaGraphBackend` but for its `replay`; `models/deepseek_v4.py`: the attention op the model
+  calls inside the breakable graph (`bcg_deepseek_v4_attention_with_output`: the bucket's rows sliced to the
+  live ones before the backend's `forward`, `eager.EagerPath._graph_op`); `mem_cache/kv_index_translator.py`: `KVIndexTranslator.own_plan` and the plan's `bind` /
   `bind_replay`; `arg_groups/cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`;
 - `layers/attention/base_attn_backend.py`: `AttentionBackend.resolve_prefill_shared_read_ends`;
   `layers/attention/deepseek_v4_backend.py`: `DeepseekV4AttnBackend._snapshot_prefill_shared_reads`,
@@ -83,9 +84,8 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
   segments of `real_graph.py`; its `capture_one` keeps what a graph holds. On the real path the runner is built
   by SGLang's `__init__` and captures at start-up the buckets the case pads to, with the CUDA-graph machinery
-  stood in (`graph_runner.py` lists each piece); on the other path (a tc_piecewise replay, to 0.5.21)
-  the runner is built with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks
-  for it;
+  stood in (`graph_runner.py` lists each piece); on the other path (a CP or HiSparse case) the runner is built
+  with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks for it;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
   on the PR-era releases DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True; on
@@ -165,8 +165,8 @@ class SglangSession(ReferenceSession):
         if case.graph_contract not in api.graph_contracts and any(b.graph for b in case.batches):
             raise InvalidArgument(f"case graph_contract={case.graph_contract!r}: allowed: "
                                   f"{', '.join(api.graph_contracts)} (sglang {api.version} replays DSV4's prefill graph "
-                                  "as the breakable graph over its captured metadata; tc_piecewise, whose replay plans "
-                                  "fresh metadata, was removed in 0.5.22)")
+                                  "as the breakable graph over its captured metadata: tc_piecewise, whose replay plans "
+                                  "fresh metadata, was removed in 0.5.22 and is turned off for DSV4 before)")
         fixed = fixed_dims(api)
         for name, value in fixed.items():
             if getattr(case.dims, name) != value:
@@ -219,7 +219,7 @@ class SglangSession(ReferenceSession):
 
     def kv_state(self) -> dict[str, torch.Tensor]:
         """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
-        pools after any other (a tc_piecewise replay, a decode, ... run the harness's layers)."""
+        pools after any other (a CP or HiSparse case, the target's part of a draft extend run the harness's layers)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
