@@ -75,6 +75,11 @@ class SourceMutant:
 # prefill backend, and DSV4's breakable graph replays its captured metadata): listed with the reason, not run.
 UNREACHABLE_FRESH = ("the runner's fresh-metadata branch (`not self.use_captured_attn_metadata`): DSV4 sets "
                      "use_captured_forward_metadata_for_breakable_cuda_graph, and tc_piecewise was removed in 0.5.22")
+# PR-era rows (0.5.19 to 0.5.22) whose edit only a tc_piecewise replay of DSV4 reached: no release replays DSV4's
+# prefill graph so (`SglangApi.graph_contracts`), and its breakable replay takes the captured metadata.
+UNREACHABLE_PR_FRESH = ("the runner's fresh-metadata branch (`not self.use_captured_attn_metadata`): every PR-era "
+                        "DSV4 backend sets use_captured_forward_metadata_for_breakable_cuda_graph, and the releases "
+                        "that offer tc_piecewise turn it off for DSV4 (piecewise_cuda_graph_disabled_model_archs)")
 UNREACHABLE_BCG_READ_END = ("DSV4's breakable replay resolves with build_snapshot=False, which returns "
                             "shared_read_ends(EXTEND) and never reads num_qo_tokens")
 UNREACHABLE_COPY_CACHE = ("DSV4Metadata.copy_ runs only for decode, verify and draft-extend graph replays "
@@ -422,13 +427,15 @@ PR_ERA_MUTANTS = (
                  "            attn_backend.prepare_prefill_shared_read_snapshot(\n"
                  "                forward_batch, num_qo_tokens=len(forward_batch.input_ids)\n",
                  "graph replay snapshots at the live token count, not the padded bucket it replays "
-                 "(the PR's unit test: replay snapshots at the padded token count)"),
+                 "(the PR's unit test: replay snapshots at the padded token count)",
+                 unreachable=UNREACHABLE_PR_FRESH),
     SourceMutant("pr_replay_skips_snapshot", GRAPH_RUNNER,
                  "            attn_backend.init_forward_metadata(forward_batch)\n"
                  "            attn_backend.prepare_prefill_shared_read_snapshot(\n"
                  "                forward_batch, num_qo_tokens=num_tokens\n            )\n",
                  "            attn_backend.init_forward_metadata(forward_batch)\n",
-                 "graph replay never calls the hook (the fast path is lost)"),
+                 "graph replay never calls the hook (the fast path is lost)",
+                 unreachable=UNREACHABLE_PR_FRESH),
     SourceMutant("pr_barrier_keeps_event", SCHEDULER,
                  "        ev = runner.shared_read_done_event\n        runner.shared_read_done_event = None\n",
                  "        ev = runner.shared_read_done_event\n",

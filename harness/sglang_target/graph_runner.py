@@ -358,7 +358,7 @@ class SglangPrefillGraphRunner:
         self.graphs.ensure(bucket, padded)
         self.graphs.load_inputs(bucket, padded)
         self._note_replay(static_forward_batch, bucket)
-        mr.replay_batch, mr.replay_static = padded, self.graphs.metadata[bucket]
+        mr.replay_batch = padded
         return real_prepare(forward_batch, static_forward_batch, shape_key)
 
     def replay(self, shape_key, static_forward_batch):
@@ -384,7 +384,7 @@ class SglangPrefillGraphRunner:
             with self.real.replaying() if mr.real_batch else contextlib.nullcontext():
                 output = self.runner.execute(live)
         finally:
-            mr.replay_batch, mr.replay_static = None, None
+            mr.replay_batch = None
         return output.hidden_states.transpose(0, 1)
 
 

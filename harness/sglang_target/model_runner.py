@@ -33,7 +33,7 @@ _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
 _NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_cpu")
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
-# What SGLang's metadata copy_ / refresh read: the fresh metadata, and through its raw_out_loc (a reference
+# What SGLang's breakable-graph refresh reads: the fresh metadata, and through its raw_out_loc (a reference
 # to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
 _METADATA_SOURCES = {"meta.fresh": None, "fb.out_cache_loc": None}
 
@@ -191,7 +191,6 @@ class SglangModelRunner:
         self.model = HarnessModel(self)
         self.live_batch: Optional[ForwardBatch] = None  # the harness batch of the forward in flight
         self.replay_batch: Optional[ForwardBatch] = None  # its padded form during a graph replay
-        self.replay_static = None  # the bucket's static metadata during a graph replay
         self._build_label = "sparse_prefill_cache.build"  # the next deferred build's launch, in the harness's layers
         self.real_batch = False  # the batch in flight runs SGLang's metadata init and forward (`eager`)
         self.ran_real = False  # the last batch did: its KV is in SGLang's pool
@@ -483,19 +482,10 @@ class SglangModelRunner:
         return mods["backend"].DSV4Metadata(core_attn_metadata=real, indexer_metadata=None)
 
     def _init_forward_metadata(self, forward_batch) -> None:
-        """Replaced: the harness's metadata init (the real one plans FlashMLA and JIT kernels). During a
-        graph replay the fresh metadata goes into the bucket's static metadata by SGLang's own `copy_`."""
-        fresh = self._fresh_metadata(self.as_loaded(forward_batch))
-        static = self.replay_static
+        """Replaced: the harness's metadata init of an eager batch (the real one plans FlashMLA and JIT kernels); a
+        breakable replay's refreshes the captured metadata instead (`_prepare_bcg_replay`)."""
         backend = self.attn_backend
-        if static is None:
-            backend.forward_metadata = fresh
-        else:
-            with self.harness_device.host_work("DSV4Metadata.copy_", reads=_METADATA_SOURCES,
-                                               writes={"meta.static": None}):
-                static.copy_(fresh)
-            self._note_reuse(static)
-            backend.forward_metadata = static
+        backend.forward_metadata = self._fresh_metadata(self.as_loaded(forward_batch))
         self.plans.planned(PlanKind.METADATA, backend.forward_metadata)
 
     def _prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
