@@ -401,7 +401,8 @@ PR_ERA_MUTANTS = (
                  "            self.c128_compress_metadata, src=other.c128_compress_metadata\n        )\n"
                  "        self.sparse_prefill_cache = None\n",
                  "            self.c128_compress_metadata, src=other.c128_compress_metadata\n        )\n",
-                 "DSV4Metadata.copy_ (a graph bucket's metadata reused) keeps the previous batch's chunk cache"),
+                 "DSV4Metadata.copy_ (a graph bucket's metadata reused) keeps the previous batch's chunk cache",
+                 unreachable=UNREACHABLE_COPY_CACHE),
     SourceMutant("pr_refresh_keeps_cache", BACKEND,
                  "                src=static_metadata.c128_compress_metadata,\n            )\n"
                  "        self.sparse_prefill_cache = None\n",
