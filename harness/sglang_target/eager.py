@@ -11,7 +11,9 @@ harness's. On the device:
   calls them: after what the stream was given before, and declaring the shared tables they read;
 - each layer is up to three launches on the forward stream: the compressor's store of the compressed latents the
   harness's model made (ratio 4 and 128), the indexer's top-k (ratio 4: the harness's scores, SGLang's
-  transform), and the backend's `forward` itself. A launch declares what the real code is meant to read and
+  transform), and the backend's `forward` itself. In a breakable replay the layer's SWA store is a captured segment
+  of its own (`store_cache`, as DSV4's model stores in its prepare step) and the forward is the model's graph
+  attention op over the live rows (`_graph_op`). A launch declares what the real code is meant to read and
   write there; the observer sees what it really touches, so a read of a shared table a launch did not declare
   (a lazy chunk-cache build after the event, a per-layer translation through the live mapping) is an
   `undeclared-access` finding, with SGLang's line, and the tracker judges the observed access;
@@ -163,22 +165,38 @@ class EagerPath:
         self.probe.note(Forward(rows=rows, sparse=sparse))
         self.mr.plans.read(PlanKind.METADATA, metadata)
         builds = sparse and metadata.sparse_prefill_cache is None  # the first layer builds it lazily
-        # A layer's store takes the plan's SWA write locations only where they cover the rows it stores
-        # (`get_swa_out_cache_loc`), else it translates the batch's out_cache_loc through the live mapping. An eager
-        # plan always covers them. A breakable replay does not: a PR-era captured plan keeps none (they are
-        # "recomputed by the recorded init_forward_metadata_in_graph op"), and 0.5.23's, translated once into the
-        # captured tensor by the replay prep, has the bucket's rows, where the graph's attention op stores only the
-        # live ones unless the batch fills its bucket.
-        planned = metadata.core_attn_metadata.swa_out_cache_loc
-        translates = captured is not None and (planned is None or planned.shape[0] != rows)
+        # A PR-era breakable replay keeps no SWA write locations in its captured metadata (they are "recomputed by
+        # the recorded init_forward_metadata_in_graph op"): every layer's store translates the batch's
+        # out_cache_loc through the live mapping (`get_swa_out_cache_loc`), by design. 0.5.23's replay prep
+        # translates once, into the captured tensor; an eager plan always carries them.
+        translates = captured is not None and metadata.core_attn_metadata.swa_out_cache_loc is None
         for layer, ratio in enumerate(ratios):
             if ratio:
                 self._compressor(segments, layer, ratio)
             if ratio == 4:
                 self._indexer(fb, segments, layer)
+            if captured is not None:
+                self._swa_store(segments, fb, forward_batch, layer, translates=translates)
             self._attention(fb, forward_batch, metadata, layer, ratio, out, sparse=sparse,
-                            builds=builds and layer == 0, translates=translates, graph=captured is not None)
+                            builds=builds and layer == 0, graph=captured is not None)
         return out
+
+    def _swa_store(self, segments: "_Segments", fb, forward_batch, layer: int, *, translates: bool) -> None:
+        """A breakable replay's store of the layer's SWA latents, a captured segment: DSV4's model stores them in its
+        prepare step (`attn_backend.store_cache` over the static batch, the bucket's rows) and calls its graph
+        attention op with `save_kv_cache=False`. The write locations are the captured metadata's (`translates`: a
+        PR-era plan keeps none, so the store translates them through the live mapping)."""
+        backend, k = self.real.backend, fb.kv_new[layer].to(torch.bfloat16)
+
+        def store():
+            with self.sglang(), self.bound(segments.metadata):
+                backend.store_cache(layer, k, forward_batch)
+
+        reads = self._named(*segments.reads)
+        if translates:
+            reads.update(dict.fromkeys(("full_to_swa", "fb.out_cache_loc")))
+        self.device.launch(f"{segments.prefix}layer{layer}.store_cache", store, reads=reads,
+                           writes=self._named(f"swa_kv[{layer}]"))
 
     def _compressor(self, segments: "_Segments", layer: int, ratio: int) -> None:
         """The compressed latents this batch completes (the harness's compressor output) stored through
@@ -221,13 +239,13 @@ class EagerPath:
                            reads={"indexer_k": None, **self._named("meta")}, writes=self._named("meta.c4_sparse"))
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
-                   sparse: bool, builds: bool, translates: bool, graph: bool) -> None:
+                   sparse: bool, builds: bool, graph: bool) -> None:
         """The backend's `forward` for one layer, as one launch. `sparse`: the layer reads the chunk cache (noted for
         the `freshness` oracle, as a build the layer makes itself); `builds`: the chunk cache is missing at issue,
         so this layer is meant to build it from the tables (the coarse barrier orders that read; after a
-        published event it is a race, which the tracker and the policy oracle report); `translates`: the plan
-        carries no SWA write locations, so the layer's store is meant to translate them through the live mapping;
-        `graph`: a breakable replay's eager segment, DSV4's attention op in the replay's contexts (`_graph_op`)."""
+        published event it is a race, which the tracker and the policy oracle report); `graph`: a breakable
+        replay's eager segment, DSV4's attention op in the replay's contexts (`_graph_op`), which stores nothing
+        (`save_kv_cache=False`: the captured `_swa_store` did); an eager forward stores the layer's latents first."""
         backend, radix = self.real.backend, self.real.layers[layer]
         q, k = fb.q[layer].to(torch.bfloat16), fb.kv_new[layer].to(torch.bfloat16)
         sink = self.mr.session.sink[layer]
@@ -237,7 +255,7 @@ class EagerPath:
             with self.sglang(), self.bound(metadata):
                 cache = metadata.sparse_prefill_cache
                 if graph_op is not None:
-                    graph_op(q, k, out[layer], layer, ratio, sink, True)
+                    graph_op(q, k, out[layer], layer, ratio, sink, False)
                 else:
                     out[layer].copy_(backend.forward(q, k, k, radix, forward_batch, compress_ratio=ratio,
                                                      attn_sink=sink))
@@ -248,7 +266,7 @@ class EagerPath:
                     self.mr.plans.read(PlanKind.CHUNK_CACHE, metadata.sparse_prefill_cache)
 
         reads = self._named(f"swa_kv[{layer}]", "meta", "cache")
-        writes = self._named(f"swa_kv[{layer}]", "out")
+        writes = self._named("out") if graph else self._named(f"swa_kv[{layer}]", "out")
         if ratio:
             reads.update(self._named(f"extra_kv[{layer}]"))
         if ratio == 4:
@@ -256,8 +274,6 @@ class EagerPath:
         if builds:
             reads.update({"req_to_token": self._rows_read(), **dict.fromkeys(_BUILD_READS)})
             writes.update(self._named("cache"))
-        if translates:
-            reads.update(dict.fromkeys(("full_to_swa", "fb.out_cache_loc")))
         self.device.launch(f"{self.prefix}layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads,
                            writes=writes)
 
