@@ -114,8 +114,8 @@ _COMMON = [
     (GRAPH_RUNNER, "PrefillCudaGraphRunner.can_run_graph"), (GRAPH_RUNNER, "_PREFILL_STATIC_FIELDS"),
     (BUFFER_REGISTRY, "build_prefill_registry"), (INPUT_BUFFERS, "_forward_input_buffer_pool"),
     (BREAKABLE_BACKEND, "BreakableCudaGraphBackend"), (GRAPH_CONFIG, "Backend"), (GRAPH_CONFIG, "ALLOWED_BACKENDS_PER_PHASE"), (GRAPH_CONFIG, "Phase"), (SHAPE_KEY, "ShapeKey"),
-    (MODEL_CONFIG, "is_piecewise_cuda_graph_disabled_model"), (MODEL, "deepseek_v4_attention_with_output"), (TC_CONTEXT, "get_tc_piecewise_forward_context"),
-    (TC_CONTEXT, "_tc_piecewise_forward_context"),
+    (MODEL_CONFIG, "is_piecewise_cuda_graph_disabled_model"), (MODEL, "deepseek_v4_attention_with_output"),
+    (TC_CONTEXT, "get_tc_piecewise_forward_context"), (TC_CONTEXT, "_tc_piecewise_forward_context"),
 ]
 # Whether a batch runs context-parallel: `is_cp_active` from 0.5.20 on, `is_cp_v2_active` in 0.5.19.
 CP_PREDICATES = ("is_cp_active", "is_cp_v2_active")
@@ -259,7 +259,8 @@ class SglangApi:
         incompatible` turns a DSV4 server's tc_piecewise prefill graph off ("model-arch blacklist"). The full
         backend is no prefill contract of DSV4 (its out-of-graph init raises for EXTEND)."""
         config = self.mods["graph_config"]
-        offered = getattr(config.Backend, "TC_PIECEWISE", None) in config.ALLOWED_BACKENDS_PER_PHASE[config.Phase.PREFILL]
+        prefill = config.ALLOWED_BACKENDS_PER_PHASE[config.Phase.PREFILL]
+        offered = getattr(config.Backend, "TC_PIECEWISE", None) in prefill
         kept = not self.mods["model_config"].is_piecewise_cuda_graph_disabled_model(DSV4_ARCHITECTURES)
         return GRAPH_CONTRACTS if offered and kept else ("bcg",)
 

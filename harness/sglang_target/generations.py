@@ -38,7 +38,7 @@ INPUT_BUFFERS = "sglang.srt.model_executor.input_buffers"  # the process-wide po
 BREAKABLE_BACKEND = "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend"
 GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 KV_TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator"
-MODEL = "sglang.srt.models.deepseek_v4"  # DSV4's model: its tc_piecewise split op calls the backend's forward
+MODEL = "sglang.srt.models.deepseek_v4"  # DSV4's model: its graph attention op calls the backend's forward
 # the prefill graph runner's forward context (named for tc_piecewise; the breakable graph's eager segments read it)
 TC_CONTEXT = "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager"
 

@@ -30,8 +30,9 @@ from harness.sglang_target.platform import SimDeviceModule, one_dp_rank, registe
 from harness.targets import ReferenceSession  # the owning SglangSession's base (session.py imports this)
 
 _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
-# The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
+# A ForwardBatch's live token count, by release (0.5.20 on `global_`; 0.5.19 not), which `init_new` sets.
 _NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_cpu")
+# The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
 # What SGLang's breakable-graph refresh reads: the fresh metadata, and through its raw_out_loc (a reference
 # to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
@@ -362,8 +363,8 @@ class SglangModelRunner:
             extend_prefix_lens_cpu=prefix_lens, extend_num_tokens=fb.num_tokens,
             extend_start_loc=fb.extend_start_loc, spec_algorithm=self.spec_algorithm,
             capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL)
-        # The batch's live token count, as `ForwardBatch.init_new` sets it (0.5.20 on `global_`, 0.5.19 not): what a
-        # padded static batch carries and the model's graph attention op slices a layer's rows to.
+        # The batch's live token count, as `ForwardBatch.init_new` sets it: what a padded static batch carries and
+        # the model's graph attention op slices a layer's rows to.
         for name in _NON_PADDED_FIELDS:
             if hasattr(batch, name):
                 setattr(batch, name, fb.num_tokens)

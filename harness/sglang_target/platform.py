@@ -262,8 +262,6 @@ class TrackedStream(torch.cuda.ExternalStream):
         super().wait_stream(stream)
 
 
-# -- the runtime context and the case's switches -------------------------------------------------------
-
 def sglang_op(op, kernels_on: DeviceKind):
     """A custom op of SGLang's own Python (`register_custom_op`: `op` the model's callable, the registered op to
     0.5.22, 0.5.23's eager shortcut to it), callable on the harness's device. SGLang registers the function as the
@@ -277,6 +275,8 @@ def sglang_op(op, kernels_on: DeviceKind):
     overload, cuda = getattr(torch.ops.sglang, op.__name__).default, torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     return lambda *args: overload.redispatch(cuda, *args)
 
+
+# -- the runtime context and the case's switches -------------------------------------------------------
 
 def _parallel_fields(api) -> frozenset:
     """The names this version's `get_parallel().override` accepts (a constant before 0.5.23, derived since)."""

@@ -21,10 +21,10 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
-- every other batch (CP and HiSparse cases, the target's part of a draft-extend batch) runs the harness's metadata and layers over the same
-  backend object, as listed under "Replaced" below; so does the draft extend after a decode batch and after a
-  verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the SWA latents SGLang's forward stored
-  where it ran).
+- every other batch (CP and HiSparse cases, the target's part of a draft-extend batch) runs the harness's
+  metadata and layers over the same backend object, as listed under "Replaced" below; so does the draft extend
+  after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
+  SWA latents SGLang's forward stored where it ran).
 
 A DSV4 server of any release replays its prefill graph as the breakable graph over DSV4's captured metadata only:
 0.5.22 removed the tc_piecewise prefill backend, and to 0.5.21 SGLang's own server resolution turns it off for
@@ -47,7 +47,8 @@ function):
   the publish, `_execute_body_capture` and `_finalize_execute_output` (the trim to the live rows); the graph
   backend `BreakableCudaGraphBackend` but for its `replay`; `models/deepseek_v4.py`: the attention op the model
   calls inside the breakable graph (`bcg_deepseek_v4_attention_with_output`: the bucket's rows sliced to the
-  live ones before the backend's `forward`, `eager.EagerPath._graph_op`); `mem_cache/kv_index_translator.py`: `KVIndexTranslator.own_plan` and the plan's `bind` /
+  live ones before the backend's `forward`, `eager.EagerPath._graph_op`); `mem_cache/kv_index_translator.py`:
+  `KVIndexTranslator.own_plan` and the plan's `bind` /
   `bind_replay`; `arg_groups/cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`;
 - `layers/attention/base_attn_backend.py`: `AttentionBackend.resolve_prefill_shared_read_ends`;
   `layers/attention/deepseek_v4_backend.py`: `DeepseekV4AttnBackend._snapshot_prefill_shared_reads`,
@@ -219,7 +220,8 @@ class SglangSession(ReferenceSession):
 
     def kv_state(self) -> dict[str, torch.Tensor]:
         """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
-        pools after any other (a CP or HiSparse case, the target's part of a draft extend run the harness's layers)."""
+        pools after any other (the harness's layers run a CP or HiSparse case and the target's part of a draft
+        extend)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
