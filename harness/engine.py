@@ -165,8 +165,10 @@ def _finished(record: RunRecord, device, schedule: str) -> RunRecord:
 
 def replay_command(case: Case, *, target_spec: TargetSpec, device: str, schedule: str,
                    oracles: Optional[frozenset] = None) -> str:
-    parts = ["python", "-m", "harness", "replay", *target_spec.arguments(), "--device", device,
-             "--schedule", schedule]
+    """The one command that judges `case` again as it was judged: the server settings this process has from its
+    environment first (`TargetSpec.environment`), then the replay with the target, device, schedule and oracles."""
+    parts = [*target_spec.environment(), "python", "-m", "harness", "replay", *target_spec.arguments(),
+             "--device", device, "--schedule", schedule]
     if oracles:
         parts += ["--oracles", ",".join(sorted(oracles))]
     parts += ["--case", case.to_json()]

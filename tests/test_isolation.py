@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 from test_fast_path import judged_with_overlaps
@@ -26,6 +28,7 @@ from harness.mutants.corpus import mutant_target
 from harness.overlap import BatchOverlap
 from harness.targets import ReferenceTarget, Target, TargetSpec
 
+PROJECT = Path(__file__).resolve().parents[1]
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
 
 
@@ -107,6 +110,23 @@ def test_the_childs_answer_carries_each_batchs_measured_overlap(monkeypatch):
     answer = json.loads(json.dumps(_serve(request)))
     assert answer["batch_overlaps"] == [{"published": True, "ms": 0.8}, {"published": False, "ms": -0.01},
                                         {"published": True, "ms": None}]
+
+
+def test_a_replay_command_sets_the_server_settings_the_run_had_and_replays_from_a_shell(monkeypatch, tmp_path):
+    """A server setting the target reads from the environment (`SERVER_ENVIRONMENT`) is the run's, not the case's:
+    the replay command sets it first, and that command, run by a shell without it, finds the finding again."""
+    monkeypatch.setenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1")
+    spec = TargetSpec(mutant="scheduler_no_wait")
+    found = run_case(mutant_target("scheduler_no_wait"), PLAIN, "cpu", target_spec=spec)
+    assert found.findings and found.replay.startswith(
+        "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 python -m harness replay --target reference"), found.replay
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT), env.get("PYTHONPATH")]))
+    again = subprocess.run(found.replay.replace(" python ", f" {sys.executable} ", 1), shell=True, cwd=PROJECT,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1, again.stdout[-2000:] + again.stderr[-2000:]
+    monkeypatch.delenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH")
+    assert replay_command(PLAIN, target_spec=spec, device="cpu", schedule="adversarial").startswith("python -m ")
 
 
 def test_the_childs_refusals_are_the_harness_errors_they_were(runner):

@@ -199,6 +199,28 @@ def test_eagles_draft_extend_after_a_verify_runs_the_releases_own_runners(target
     assert {f.oracle for f in result.findings} <= {"happens-before", "differential"}
 
 
+def test_a_server_without_the_draft_extend_graph_extends_eagerly_and_its_replay_command_says_so(target,
+                                                                                                  harness_device,
+                                                                                                  monkeypatch):
+    """`SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH` set, SGLang's draft worker captures no draft-extend graph and the draft
+    extend of a replayed batch runs eagerly: the workaround of a deployment on 0.5.19 to 0.5.21, whose draft-extend
+    graph races (the test above). The same case then finds nothing on every release, and a finding's replay command
+    would set the setting again (the target reads it from the environment, as the server does)."""
+    monkeypatch.setenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1")
+    draft = Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(13, 3), Request(20, 3)), graph=True,
+                  mutations=(Mutation("swa_clear", count=3),))
+    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), draft,
+                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+    runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
+    graph_calls = _counting(monkeypatch, runner_cls, ("capture_one_shape", "execute"))
+    plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    assert graph_calls == {"capture_one_shape": 0, "execute": 0}, graph_calls
+    assert plans == {"init_forward_metadata_draft_extend": 3}, plans  # overlapped, barriered, the reference's run
+    assert result.replay.startswith("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 python -m harness replay --target sglang")
+
+
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_eagles_draft_extend_after_a_verify_batch_runs_the_releases_own_draft_path(target, harness_device, monkeypatch,
                                                                                     graph):

@@ -105,6 +105,19 @@ def test_a_mutants_replay_command_replays_its_finding_on_the_mutated_copy_and_th
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
 
 
+def test_a_mutants_replay_command_keeps_the_server_settings_the_harness_command_sets_first():
+    """A campaign of a table run under a server setting (0.5.19 to 0.5.21: the draft-extend graph off) prints replay
+    commands that set it first: the row's command keeps it before the script; anything else is no replay command."""
+    table = load_table()
+    assert table.mutant_replay("m", "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 python -m harness replay --case '{}'") == (
+        "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 python benchmarks/sglang_source_mutants.py --only m --replay "
+        "--case '{}'")
+    assert table.server_settings("0.5.19") == {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}
+    assert table.server_settings("0.5.22") == table.server_settings("0.5.23") == {}
+    with pytest.raises(ValueError, match="not a harness replay command"):
+        table.mutant_replay("m", "rm -rf x; python -m harness replay --case '{}'")
+
+
 def test_replay_takes_one_mutant():
     done = subprocess.run([sys.executable, str(SCRIPT), "--only", "snapshot_step_deleted,barrier_before_launch",
                            "--replay", "--case", "{}"], cwd=PROJECT, capture_output=True, text=True, timeout=120)

@@ -36,6 +36,7 @@ from harness.sglang_target.classes import sglang_classes
 from harness.sglang_target.platform import bound_heap_growth
 from harness.sglang_target.real_backend import fixed_dims, stand_in_rows
 from harness.sglang_target.session import SglangSession
+from harness.targets import TargetSpec
 from harness.targets.protocol import Target
 
 
@@ -49,7 +50,8 @@ class SglangTarget(Target):
         self.version = self.api.version
         self.semantics = self.api.semantics
         self.semantics_supported = (self.api.semantics,)
-        self.description = self.api.describe()
+        settings = TargetSpec.environment()  # the server's own, as it reads them (replay commands set them again)
+        self.description = self.api.describe() + (f"; server settings: {', '.join(settings)}" if settings else "")
         # Before 0.5.23 the eager runner shards a CP batch across ranks and all-gathers the result
         # (`_execute_extend_cp`): one process cannot run it; 0.5.23's DSV4 owns the CP layout in its model.
         self.cannot_run = frozenset() if self.api.generation.runs_cp else frozenset({"cp_active"})

@@ -10,6 +10,7 @@ targets built on it (the sglang target in `harness.sglang_target`, the seeded bu
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,6 +22,10 @@ from harness.targets.reference import Classes, ReferenceSession, ReferenceTarget
 BUILTIN_TARGETS = {"reference": "harness.targets.reference:ReferenceTarget",
                    "sglang": "harness.sglang_target:make_target"}
 MUTANT_FACTORY = "harness.mutants.corpus:mutant_target"  # --mutant NAME: the reference with one seeded bug
+# A server's settings that a target reads from the process environment, as the server reads them at start-up: a
+# deployment's choice (its value is the same for every case), not a case's. A replay command sets again those set,
+# so that it replays against the same server.
+SERVER_ENVIRONMENT = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH",)
 
 
 def resolve_factory(spec: str, shown: str, name: str = "target") -> Callable:
@@ -85,6 +90,12 @@ class TargetSpec:
         a worker's)."""
         return ["--target", self.spec] + (["--mutant", self.mutant] if self.mutant else [])
 
+    @staticmethod
+    def environment() -> list[str]:
+        """`NAME=VALUE` for each server setting of `SERVER_ENVIRONMENT` this process has: what a replay command
+        sets before it (read when asked, as the target reads them: a worker or child inherits them)."""
+        return [f"{name}={os.environ[name]}" for name in SERVER_ENVIRONMENT if name in os.environ]
+
     def to_dict(self) -> dict:
         """The value as JSON can carry it (an isolated child's request); `from_dict` reads it back."""
         return {"spec": self.spec, "mutant": self.mutant}
@@ -103,5 +114,5 @@ def load_target(spec: str, *, mutant: str | None = None, names: tuple[str, str] 
     return TargetSpec(spec, mutant, names).load()
 
 
-__all__ = ["BUILTIN_TARGETS", "MUTANT_FACTORY", "REFERENCE", "Classes", "ReferenceSession", "ReferenceTarget", "Session",
+__all__ = ["BUILTIN_TARGETS", "MUTANT_FACTORY", "REFERENCE", "SERVER_ENVIRONMENT", "Classes", "ReferenceSession", "ReferenceTarget", "Session",
            "Target", "TargetSpec", "load_batch", "load_target", "resolve_factory"]
