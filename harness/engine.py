@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from harness.case import Case, Mutation
 from harness.device import DeviceKind, OpFailed, context_error, make_device
 from harness.errors import HarnessError
-from harness.findings import CaseResult, Finding, RunRecord
+from harness.findings import CaseResult, Finding, RunRecord, refuse_out_of_memory
 from harness.mutator import Mutator
 from harness.oracles import Judged, apply_oracles
 from harness.targets import REFERENCE, TargetSpec, load_batch
@@ -50,6 +50,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
     except HarnessError:
         raise
     except Exception as exc:  # the target raised building its session (its own __init__s): a finding too
+        refuse_out_of_memory(exc)
         record.crash = (0, f"opening the session: {_raised(exc)}")
         return _finished(record, device, schedule)
     if device.observer is not None:
@@ -85,6 +86,7 @@ def execute(target, case: Case, device_name: str, *, schedule: str = "adversaria
         except HarnessError:
             raise
         except Exception as exc:  # the target raised on the host: a finding, never a harness traceback
+            refuse_out_of_memory(exc)
             record.crash = (index, _raised(exc))
         record.sut_seconds += time.perf_counter() - began
         record.applied.append(list(mutator.applied))

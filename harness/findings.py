@@ -11,11 +11,23 @@ from typing import Optional
 import torch
 
 from harness.case import Case
+from harness.errors import EnvironmentBroken
 from harness.hb import Conflict, TimelineEntry
 from harness.observe import UndeclaredAccess
 from harness.overlap import BatchOverlap
 from harness.probe import ProbeRecord, Publish, noted
 from harness.world import BatchWorld
+
+
+def refuse_out_of_memory(exc: BaseException) -> None:
+    """A device allocation that fails is the machine's state (its memory shared with other processes, or too small
+    for the case), not the target's behaviour: raised as `EnvironmentBroken` (exit 3: the run cannot vouch), never
+    reported as a finding (exit 1: an H100 shared by a campaign's children and another campaign once reported a
+    2 MiB allocation of a clean case as the target raising)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        raise EnvironmentBroken(f"the device ran out of memory during the case ({str(exc).splitlines()[0][:300]}): "
+                                "the machine's state, not a finding; judge fewer cases at once (--jobs) or free "
+                                "the device") from exc
 
 
 @dataclass(frozen=True)

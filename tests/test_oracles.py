@@ -8,6 +8,7 @@ import torch
 from harness.case import Batch, Case, Flags, Mutation, Request
 from harness import engine
 from harness.engine import run_case
+from harness.errors import EnvironmentBroken
 from harness.model.enums import ForwardMode, SharedReadEnds
 from harness.mutants.corpus import mutant_target
 from harness.sglang_target.differential import describe_difference
@@ -200,6 +201,39 @@ def test_a_target_that_raises_opening_its_session_is_a_finding():
     result = run_case(Unbuildable(), PLAIN, "cpu")
     assert [(f.oracle, f.kind) for f in result.findings] == [("execution", "target-raised")]
     assert "opening the session: AttributeError" in result.findings[0].message and result.replay
+
+
+class _OutOfMemory(ReferenceTarget):
+    """A target whose device runs out of memory: opening its session, stepping a batch, or asked by the reference
+    oracle (`where`)."""
+
+    def __init__(self, where):
+        super().__init__()
+        self.where = where
+
+    def _fail(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of "
+                                     "79.18 GiB of which 1.06 MiB is free.")
+
+    def open(self, case, device):
+        if self.where == "open":
+            self._fail()
+        session = super().open(case, device)
+        if self.where == "step":
+            session.step = lambda *args, **kwargs: self._fail()
+        return session
+
+    def reference_differences(self, case, device_name):
+        self._fail()
+
+
+@pytest.mark.parametrize("where", ["open", "step", "reference"])
+def test_a_device_out_of_memory_is_the_machines_state_never_a_finding(where):
+    """A failed device allocation (an H100 shared by a campaign's children and another campaign) says nothing about
+    the target: the run cannot vouch (exit 3) and names what to do; it is no `target-raised` finding (exit 1)."""
+    with pytest.raises(EnvironmentBroken, match="ran out of memory during the case .*CUDA out of memory.*--jobs") as e:
+        run_case(_OutOfMemory(where), PLAIN, "cpu")
+    assert e.value.exit_code == 3
 
 
 class _Unbuildable(Target):

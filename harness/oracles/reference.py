@@ -8,7 +8,7 @@ import re
 
 from harness.case import Case
 from harness.errors import HarnessError
-from harness.findings import Finding
+from harness.findings import Finding, refuse_out_of_memory
 from harness.oracles.registry import Judged, oracle
 
 
@@ -30,6 +30,7 @@ def reference_oracle(target, case: Case, device_name: str) -> list[Finding]:
     except HarnessError:
         raise
     except Exception as exc:  # the target raised on the host: a finding, never a harness traceback
+        refuse_out_of_memory(exc)
         return [Finding("reference", "target-raised", f"comparing with the reference model, the target raised "
                                                       f"{type(exc).__name__}: {exc}")]
     return [Finding("reference", "reference-mismatch", f"the real code and the reference model differ in {name}: {why}",
