@@ -71,6 +71,9 @@ class SourceMutant:
     # Why no run of this release's DSV4 prefill path can reach the edit (then the row is listed, not run); empty:
     # reachable, and run.
     unreachable: str = ""
+    # Why the edit changes nothing a run of the path produces (a cost, not a wrong result: no oracle can judge it);
+    # then the row is listed, not run. Empty: it changes a result.
+    equivalent: str = ""
 
     @property
     def edits(self) -> tuple[tuple[str, str], ...]:
@@ -81,6 +84,13 @@ class SourceMutant:
 # prefill backend, and DSV4's breakable graph replays its captured metadata): listed with the reason, not run.
 UNREACHABLE_FRESH = ("the runner's fresh-metadata branch (`not self.use_captured_attn_metadata`): DSV4 sets "
                      "use_captured_forward_metadata_for_breakable_cuda_graph, and tc_piecewise was removed in 0.5.22")
+# A bigger bucket than needed: every release's DSV4 attention op slices the bucket to the live rows
+# (`num_token_non_padded`), padded rows write the dummy slot and read the padding request's row, and the output is
+# trimmed to the live rows; the draft-extend runner drops its padded requests the same way.
+EQUIVALENT_BIGGER_BUCKET = ("the live rows' outputs, KV and plans are those of the right bucket: DSV4's attention op "
+                            "slices the bucket to the live token count and the runner trims to it, padded rows write "
+                            "the dummy slot (more padding costs time, it changes no result; before the op ran, the "
+                            "harness compared the padded rows and found it there)")
 # PR-era rows (0.5.19 to 0.5.22) whose edit only a tc_piecewise replay of DSV4 reached: no release replays DSV4's
 # prefill graph so (`SglangApi.graph_contracts`), and its breakable replay takes the captured metadata.
 UNREACHABLE_PR_FRESH = ("the runner's fresh-metadata branch (`not self.use_captured_attn_metadata`): every PR-era "
@@ -176,7 +186,8 @@ MUTANTS = (
     SourceMutant("bucket_bisect_right", BASE_GRAPH_RUNNER,
                  "        index = bisect.bisect_left(buckets, raw_size)\n",
                  "        index = min(bisect.bisect_right(buckets, raw_size), len(buckets) - 1)\n",
-                 "a token count equal to a bucket pads to the next bucket"),
+                 "a token count equal to a bucket pads to the next bucket",
+                 equivalent=EQUIVALENT_BIGGER_BUCKET),
     # -- the eager runner, the scheduler's loop and barrier, the metadata's field lists (issue: real runners)
     SourceMutant("eager_mixed_kept_mixed", EAGER_RUNNER,
                  "            if mode.is_mixed() and not is_npu() and get_cp_strategy() is None:\n",
@@ -700,10 +711,12 @@ def main() -> int:
             print("error: the unmutated copy is not clean, so no mutant can be judged", file=sys.stderr)
             return 1
         for mutant in chosen:
-            if mutant.unreachable:  # listed, with the reason, never counted as found
+            if mutant.unreachable or mutant.equivalent:  # listed, with the reason, never counted as found
+                outcome = "UNREACHABLE" if mutant.unreachable else "EQUIVALENT"
+                reason = mutant.unreachable or mutant.equivalent
                 rows.append({"name": mutant.name, "file": mutant.file, "description": mutant.description,
-                             "outcome": "UNREACHABLE", "reason": mutant.unreachable})
-                print(f"{mutant.name:30} UNREACHABLE (not run): {mutant.unreachable}", flush=True)
+                             "outcome": outcome, "reason": reason})
+                print(f"{mutant.name:30} {outcome} (not run): {reason}", flush=True)
                 continue
             apply(root, mutant, original)
             try:
@@ -720,9 +733,10 @@ def main() -> int:
                 print(f"    replay: {row['replay']}", flush=True)
     # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
-    ran = [r for r in rows if r["outcome"] != "UNREACHABLE"]
-    print(f"\n{killed}/{len(ran)} source mutants found ({len(rows) - len(ran)} unreachable in this release, not run); "
-          "clean copy: " + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean one returned above
+    ran = [r for r in rows if r["outcome"] not in ("UNREACHABLE", "EQUIVALENT")]
+    equivalent = sum(r["outcome"] == "EQUIVALENT" for r in rows)
+    print(f"\n{killed}/{len(ran)} source mutants found ({len(rows) - len(ran) - equivalent} unreachable in this "
+          "release, not run" + (f"; {equivalent} equivalent, not run" if equivalent else "") + "); clean copy: " + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean one returned above
     with open(args.out, "w") as fh:
         json.dump({"sglang": installed, "device": args.device, "examples": args.examples, "seeds": not args.no_seeds,
                    "server_settings": args.settings, "clean": clean, "rows": rows}, fh, indent=1)

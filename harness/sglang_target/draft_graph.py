@@ -193,7 +193,10 @@ class SglangDraftExtendGraphRunner:
         cls, dev, eager = type(backend), mr.harness_device, mr.eager
 
         def out_graph(forward_batch, in_capture: bool = False) -> None:
-            reads = {"req_to_token": frozenset(mr.live_batch.req_pool_indices_cpu), **dict.fromkeys(_PLAN_READS)}
+            # the rows of every request of the bucket: the batch's, and those SGLang's padding left in the static
+            # buffer's padded entries (read like the others: `build_page_table_positions` over the bucket)
+            rows = frozenset(mr.live_batch.req_pool_indices_cpu) | frozenset(forward_batch.req_pool_indices.tolist())
+            reads = {"req_to_token": rows, **dict.fromkeys(_PLAN_READS)}
             with dev.host_work("draft_DeepseekV4AttnBackend.init_forward_metadata_out_graph", reads=reads,
                                writes={"draft_meta": None}), eager.sglang():
                 cls.init_forward_metadata_out_graph(backend, forward_batch, in_capture=in_capture)
