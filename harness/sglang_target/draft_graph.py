@@ -42,6 +42,9 @@ from harness.probe import PlanKind
 # indices and write locations, planned outside the graph; the write locations translated again by the recorded
 # in-graph step) and the runner's static buffers (`execute` copies the batch into them first).
 _PLAN_READS = ("full_to_swa", "draft_graph.static_inputs")
+# The request-pool row a padded request of a draft-extend bucket reads: SGLang's reserved slot 0, "req_to_token[0, :]
+# is all zeros from init" (`EAGLEDraftExtendCudaGraphRunner.execute`, 0.5.19 to 0.5.23).
+_PADDED_REQUEST_ROW = frozenset({0})
 # What `execute` copies into the static buffers before it plans, publishes and replays.
 _BATCH_READS = ("fb.input_ids", "fb.seq_lens", "fb.out_cache_loc", "fb.positions", "fb.req_pool_indices")
 
@@ -193,9 +196,12 @@ class SglangDraftExtendGraphRunner:
         cls, dev, eager = type(backend), mr.harness_device, mr.eager
 
         def out_graph(forward_batch, in_capture: bool = False) -> None:
-            # the rows of every request of the bucket: the batch's, and those SGLang's padding left in the static
-            # buffer's padded entries (read like the others: `build_page_table_positions` over the bucket)
-            rows = frozenset(mr.live_batch.req_pool_indices_cpu) | frozenset(forward_batch.req_pool_indices.tolist())
+            # the rows of every request of the bucket (`build_page_table_positions` reads them all): the batch's, and
+            # in a padded bucket the reserved slot 0 that SGLang's `execute` points padded requests at
+            # (`req_pool_indices.zero_()`): padding that points elsewhere is an undeclared read
+            live = frozenset(mr.live_batch.req_pool_indices_cpu)
+            rows = live | (_PADDED_REQUEST_ROW if forward_batch.batch_size > len(mr.live_batch.req_pool_indices_cpu)
+                           else frozenset())
             reads = {"req_to_token": rows, **dict.fromkeys(_PLAN_READS)}
             with dev.host_work("draft_DeepseekV4AttnBackend.init_forward_metadata_out_graph", reads=reads,
                                writes={"draft_meta": None}), eager.sglang():
