@@ -708,7 +708,9 @@ def main() -> int:
               f"exit {clean['exit_code']} {clean.get('cases')} cases, {clean.get('findings')} finding(s) "
               f"{clean['seconds']}s {clean.get('stderr_tail', '')}"), flush=True)
         if clean["exit_code"] != 0:
-            print("error: the unmutated copy is not clean, so no mutant can be judged", file=sys.stderr)
+            print("error: the unmutated copy is not clean, so no mutant can be judged"
+                  + (f": {clean['oracle']}: {clean['finding']}\n    replay: {clean['replay']}" if clean.get("finding")
+                     else ""), file=sys.stderr)
             return 1
         for mutant in chosen:
             if mutant.unreachable or mutant.equivalent:  # listed, with the reason, never counted as found
