@@ -737,8 +737,10 @@ def main() -> int:
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
     ran = [r for r in rows if r["outcome"] not in ("UNREACHABLE", "EQUIVALENT")]
     equivalent = sum(r["outcome"] == "EQUIVALENT" for r in rows)
-    print(f"\n{killed}/{len(ran)} source mutants found ({len(rows) - len(ran) - equivalent} unreachable in this "
-          "release, not run" + (f"; {equivalent} equivalent, not run" if equivalent else "") + "); clean copy: " + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean one returned above
+    listed = f"{len(rows) - len(ran) - equivalent} unreachable in this release, not run" + (
+        f"; {equivalent} equivalent, not run" if equivalent else "")
+    print(f"\n{killed}/{len(ran)} source mutants found ({listed}); clean copy: "
+          + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean one returned above
     with open(args.out, "w") as fh:
         json.dump({"sglang": installed, "device": args.device, "examples": args.examples, "seeds": not args.no_seeds,
                    "server_settings": args.settings, "clean": clean, "rows": rows}, fh, indent=1)

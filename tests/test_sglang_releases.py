@@ -157,6 +157,12 @@ def test_eagles_draft_extend_after_a_prefill_runs_the_releases_own_draft_runner(
 PUBLISHES_BEFORE_DRAFT_REPLAY = ("0.5.19", "0.5.20", "0.5.21")
 
 
+def _eagle_draft_extend(target, draft: Batch) -> Case:
+    """An EAGLE case: a prefill of one request, then `draft`, under the release's graph contract."""
+    return dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), draft,
+                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+
+
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_eagles_draft_extend_after_a_verify_runs_the_releases_own_runners(target, harness_device, monkeypatch, graph):
     """A draft-extend batch (every request the server's draft width, as `prepare_for_draft_extend` makes it) runs the
@@ -168,8 +174,7 @@ def test_eagles_draft_extend_after_a_verify_runs_the_releases_own_runners(target
     fall back to the coarse barrier and nothing is found."""
     draft = Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(13, 3), Request(20, 3)), graph=graph,
                   mutations=(Mutation("swa_clear", count=3),))
-    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), draft,
-                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+    case = _eagle_draft_extend(target, draft)
     runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
     graph_calls = _counting(monkeypatch, runner_cls, ("capture_one_shape", "execute"))
     plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
@@ -209,8 +214,7 @@ def test_a_server_without_the_draft_extend_graph_extends_eagerly_and_its_replay_
     monkeypatch.setenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1")
     draft = Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(13, 3), Request(20, 3)), graph=True,
                   mutations=(Mutation("swa_clear", count=3),))
-    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), draft,
-                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+    case = _eagle_draft_extend(target, draft)
     runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
     graph_calls = _counting(monkeypatch, runner_cls, ("capture_one_shape", "execute"))
     plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
@@ -229,8 +233,7 @@ def test_a_draft_extend_replay_padded_to_its_bucket_declares_the_padded_requests
     which a regression padding to a bigger bucket turned into a false finding)."""
     requests = tuple(Request(2 + i, 3) for i in range(9))
     draft = Batch(mode=ForwardMode.DRAFT_EXTEND, requests=requests, graph=True, mutations=(Mutation("swa_clear"),))
-    case = dataclasses.replace(_case(target, Batch(requests=(Request(10, 3),)), draft,
-                                     contract=target.graph_contracts[-1]), spec=SpeculativeAlgorithm.EAGLE)
+    case = _eagle_draft_extend(target, draft)
     runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
     monkeypatch.setenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "0")  # the graph on, on every release
     graph_calls = _counting(monkeypatch, runner_cls, ("execute",))

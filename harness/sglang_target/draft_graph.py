@@ -199,9 +199,8 @@ class SglangDraftExtendGraphRunner:
             # the rows of every request of the bucket (`build_page_table_positions` reads them all): the batch's, and
             # in a padded bucket the reserved slot 0 that SGLang's `execute` points padded requests at
             # (`req_pool_indices.zero_()`): padding that points elsewhere is an undeclared read
-            live = frozenset(mr.live_batch.req_pool_indices_cpu)
-            rows = live | (_PADDED_REQUEST_ROW if forward_batch.batch_size > len(mr.live_batch.req_pool_indices_cpu)
-                           else frozenset())
+            live = mr.live_batch.req_pool_indices_cpu
+            rows = frozenset(live) | (_PADDED_REQUEST_ROW if forward_batch.batch_size > len(live) else frozenset())
             reads = {"req_to_token": rows, **dict.fromkeys(_PLAN_READS)}
             with dev.host_work("draft_DeepseekV4AttnBackend.init_forward_metadata_out_graph", reads=reads,
                                writes={"draft_meta": None}), eager.sglang():

@@ -69,8 +69,8 @@ class SglangDraftRunner(SglangModelRunner):
     def _build_extend_graph_runner(self) -> Optional[SglangDraftExtendGraphRunner]:
         """SGLang's draft-extend graph runner, capturing the batch sizes (of SGLang's speculative capture list) the
         case's replayed draft extends pad to; None when no batch replays one, or where the server turns the graph
-        off (`SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH`, read as `EagleDraftWorker._capture_cuda_graphs` reads it: each draft
-        extend then runs eagerly, as `_draft_extend_for_decode` runs it without a graph runner)."""
+        off (`SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH`, read as `EagleDraftWorker._capture_cuda_graphs` reads it: each
+        draft extend then runs eagerly, as `_draft_extend_for_decode` runs it without a graph runner)."""
         sizes = [len(b.requests) for b in self.case.batches
                  if b.graph and runs_sglangs_draft_extend(b.mode, [r.extend_len for r in b.requests], self.width)]
         if not sizes or self.api.mods["environ"].envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.get():

@@ -114,5 +114,5 @@ def load_target(spec: str, *, mutant: str | None = None, names: tuple[str, str] 
     return TargetSpec(spec, mutant, names).load()
 
 
-__all__ = ["BUILTIN_TARGETS", "MUTANT_FACTORY", "REFERENCE", "SERVER_ENVIRONMENT", "Classes", "ReferenceSession", "ReferenceTarget", "Session",
-           "Target", "TargetSpec", "load_batch", "load_target", "resolve_factory"]
+__all__ = ["BUILTIN_TARGETS", "MUTANT_FACTORY", "REFERENCE", "SERVER_ENVIRONMENT", "Classes", "ReferenceSession",
+           "ReferenceTarget", "Session", "Target", "TargetSpec", "load_batch", "load_target", "resolve_factory"]
