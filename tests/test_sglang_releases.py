@@ -294,6 +294,19 @@ def test_a_cp_case_is_refused_where_the_release_shards_it_across_ranks(target, h
         target.open(case, make_device(harness_device))
 
 
+def test_a_graph_bucket_longer_than_a_request_tables_row_is_captured_within_the_row(target, harness_device):
+    """The prefill graph runner's start-up capture splits each bucket into requests of at most the model's context
+    (0.5.19 and 0.5.20 bound them by nothing else), and a server's request table is that context wide. Two
+    200-token requests pad to a bucket longer than the case's 256-token row: with the model's own context (DSV4's
+    65536) as the bound, 0.5.19's capture indexed past the row (`build_causal_swa_page_indices`, IndexError), so
+    the session never opened."""
+    case = _case(target, Batch(requests=(Request(0, 200), Request(0, 200)), graph=True))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    replays = [r for batch in result.overlapped.notes for r in batch if isinstance(r, GraphReplay)]
+    assert replays and replays[0].bucket > 256, replays
+
+
 def _eager_extend(case: Case) -> Case:
     batches = tuple(Batch(requests=b.requests, mutations=b.mutations) for b in case.batches if b.requests)
     return Case(semantics=case.semantics, spec=case.spec, dims=case.dims, data_seed=case.data_seed,

@@ -203,9 +203,14 @@ class RealDsv4:
         self.req_to_token_pool = self._request_pool(req_to_token, device)
         server_args = api.mods["runtime"].get_context().server_args
         # What `DeepseekV4AttnBackend.__init__` reads of its model runner; `device` is the tensors' device (the
-        # session's runner names the simulator's device module there).
+        # session's runner names the simulator's device module there). The model's context is the request table's
+        # width, as a server sizes that table from it (`ReqToTokenPool(max_context_len=context_len + 4)`): the
+        # prefill graph runner's start-up capture splits a bucket into requests of at most the context (0.5.19 and
+        # 0.5.20 bound them by nothing else), and their rows must fit the table.
+        model_config = importlib.import_module(_MODEL_CONFIG).ModelConfig.from_server_args(
+            server_args, context_length=req_to_token.shape[1])
         runner = SimpleNamespace(
-            device=device, model_config=importlib.import_module(_MODEL_CONFIG).ModelConfig.from_server_args(server_args),
+            device=device, model_config=model_config,
             page_size=PAGE_SIZE, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
             hisparse_coordinator=object() if hisparse else None, spec_algorithm=spec_algorithm, is_draft_worker=draft,
             server_args=server_args)
