@@ -379,6 +379,11 @@ MUTANTS = (
                  "        if fm.is_target_verify():\n            if self.model_runner.spec_algorithm.is_dspark():\n",
                  "the backend declares its draft-extend reads over before the replay (PRE_REPLAY), though its "
                  "in-graph metadata step translates the write locations through the live mapping"),
+    SourceMutant("draft_extend_padding_keeps_pool_rows", DRAFT_GRAPH_RUNNER,
+                 "            buffers.req_pool_indices.zero_()\n", "",
+                 "a padded draft-extend bucket keeps the request-pool rows an earlier, larger batch left in the static "
+                 "buffer instead of pointing its padded requests at the reserved slot 0: the metadata plan reads "
+                 "another request's row of req_to_token, which the scheduler may be rewriting"),
 )
 
 
@@ -504,7 +509,7 @@ PR_LATE_MUTANTS = _rows(MUTANTS, (
     "event_recorded_on_new_stream", "barrier_enabled_on_hip_only", "barrier_keeps_event", "barrier_before_launch",
     "barrier_waits_forward_after_publish", "barrier_ignores_event",
     # EAGLE's draft-extend graph runner (0.5.22 publishes from the backend's declaration, as 0.5.23)
-    "draft_extend_publishes_before_replay", "draft_extend_declared_pre_replay",
+    "draft_extend_publishes_before_replay", "draft_extend_declared_pre_replay", "draft_extend_padding_keeps_pool_rows",
 )) + _rows(PR_ERA_MUTANTS, (
     "pr_flag_before_gate", "pr_dflash_gate_dropped", "pr_read_ends_ignore_flag", "pr_publish_undeclared",
     "pr_eager_snapshot_at_request_count", "pr_eager_mixed_kept_mixed",

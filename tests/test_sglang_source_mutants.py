@@ -13,17 +13,25 @@ from harness.sglang_target.api import prepare_triton
 
 prepare_triton()  # before sglang is imported: from 0.5.22 `import sglang` imports triton, which then chooses
 
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 pytest.importorskip("sglang", reason="the sglang package is not installed: the source mutants need "
                                      "`pip install --no-deps sglang==0.5.23` plus its CPU import deps")
+
+from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
+from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.sglang_target.api import load_api  # noqa: E402
+from harness.sglang_target.generations import RELEASED  # noqa: E402
+from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 SCRIPT = PROJECT / "benchmarks" / "sglang_source_mutants.py"
@@ -116,6 +124,37 @@ def test_a_mutants_replay_command_keeps_the_server_settings_the_harness_command_
     assert table.server_settings("0.5.22") == table.server_settings("0.5.23") == {}
     with pytest.raises(ValueError, match="not a harness replay command"):
         table.mutant_replay("m", "rm -rf x; python -m harness replay --case '{}'")
+
+
+def _draft_extend_padded_after_a_larger_batch() -> str:
+    """An EAGLE case (the installed release's semantics and sizes) whose draft extends replay 10 requests, then 9 in
+    the same bucket of 10 (SGLang's speculative capture list skips 9), while the scheduler rewrites other requests'
+    rows: the replay command of it on the CPU simulator."""
+    generation = RELEASED[version("sglang")]
+    draft = functools.partial(Batch, mode=ForwardMode.DRAFT_EXTEND, graph=True)
+    case = Case(semantics=generation.semantics, spec=SpeculativeAlgorithm.EAGLE, graph_contract="bcg",
+                dims=Dims(**fixed_dims(load_api())), flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True),
+                batches=(Batch(requests=(Request(10, 3),)),
+                         draft(requests=tuple(Request(2 + i, 3) for i in range(10))),
+                         draft(requests=tuple(Request(2 + i, 3) for i in range(9)),
+                               mutations=(Mutation("req_to_token_rewrite", target="other", count=2),))))
+    return ("python -m harness replay --target sglang --device cpu --schedule adversarial --case "
+            + shlex.quote(case.to_json()))
+
+
+def test_a_padded_draft_extend_bucket_reading_another_requests_row_is_an_undeclared_read():
+    """The draft-extend replay declares its live requests' rows and, in a padded bucket, the reserved slot 0 that
+    SGLang's `execute` points padded requests at. With that zeroing deleted from the release's runner, the padded
+    request keeps the row the larger batch before left in the static buffer, and the plan reads it: an undeclared
+    read naming SGLang's kernel. The unmutated release replays the same case clean."""
+    harness_replay = _draft_extend_padded_after_a_larger_batch()
+    mutated = run_command(load_table().mutant_replay("draft_extend_padding_keeps_pool_rows", harness_replay))
+    assert mutated.returncode == 1, mutated.stdout[-3000:] + mutated.stderr[-3000:]
+    assert ("[happens-before/undeclared-access] undeclared read of 'req_to_token'" in mutated.stdout
+            and "init_forward_metadata_out_graph" in mutated.stdout
+            and "in build_page_table_positions" in mutated.stdout), mutated.stdout[-3000:]
+    clean = run_command(harness_replay)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
 
 
 def test_replay_takes_one_mutant():
