@@ -285,6 +285,7 @@ class StreamPlan:
     without: frozenset[str]  # the config's and the target's (`cannot_run`)
     dims: tuple
     contracts: object
+    uniform_draft_width: bool  # the target's (`Target.uniform_draft_width`)
 
     @classmethod
     def of(cls, target, config: CampaignConfig) -> StreamPlan:
@@ -298,7 +299,8 @@ class StreamPlan:
         drawn = config.max_examples - len(seeds)
         return cls(seeds=seeds, drawn_examples=drawn, first_cases=min(FIRST_CASES, drawn - 1),
                    reachable=tuple(value for value in VALUES if value not in impossible), unreachable=impossible,
-                   without=without, dims=dims, contracts=contracts)
+                   without=without, dims=dims, contracts=contracts,
+                   uniform_draft_width=getattr(target, "uniform_draft_width", False))
 
 
 def run_campaign(target, *, on_case: Callable[[CampaignResult], None] = lambda r: None,
@@ -335,7 +337,7 @@ class Campaign:
         self._judge = _timed(judge, self.result) if config.jobs > 1 else judge
         self.case_options = dict(target_spec=config.target_spec, oracles=config.oracles)
         strategy_options = dict(budget=PROFILE_BUDGETS[config.profile], dims=self.plan.dims,
-                                contracts=self.plan.contracts)
+                                contracts=self.plan.contracts, uniform_draft_width=self.plan.uniform_draft_width)
         self.cases_drawn = cases(config.semantics, without=self.plan.without, **strategy_options)
         self.cases_covering = covering_cases(config.semantics, reachable=self.plan.reachable, **strategy_options)
         self.failing: dict[tuple[str, str], CaseResult] = {}  # the failures judged, which hypothesis replays

@@ -138,10 +138,13 @@ class CoverageFirst:
 
 
 def covering_cases(semantics: str, *, budget: int, reachable: tuple[Value, ...],
-                   dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS):
-    """Cases each aimed at one of `reachable` (drawn), at the target's sizes and graph contracts (`cases`)."""
+                   dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS,
+                   uniform_draft_width: bool = False):
+    """Cases each aimed at one of `reachable` (drawn), at the target's sizes, graph contracts and draft width
+    (`cases`)."""
     return for_target(st.sampled_from(reachable).flatmap(
-        functools.partial(aimed_at, semantics=Semantics(semantics), budget=budget)), dims, contracts)
+        functools.partial(aimed_at, semantics=Semantics(semantics), budget=budget)), dims, contracts,
+        uniform_draft_width)
 
 
 @functools.lru_cache(maxsize=None)

@@ -146,7 +146,8 @@ def second_opinion_campaign(target, *, examples: int, semantics: str = "0.5.23",
 
     @settings(max_examples=max(1, examples - len(seeds)), derandomize=True, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=cases(semantics, dims=dims, contracts=contracts))
+    @given(case=cases(semantics, dims=dims, contracts=contracts,
+                      uniform_draft_width=getattr(target, "uniform_draft_width", False)))
     def one(case):
         if len(judged) < examples:
             judged.append(judge_with_csan(observer, target, case, target_spec=target_spec))

@@ -257,22 +257,28 @@ def threshold_batch(draw, *, hisparse: bool) -> Batch:
 
 def cases(semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFILE_BUDGETS["ci"],
           without: frozenset[str] = frozenset(), dims: tuple[tuple[str, object], ...] = (),
-          contracts: tuple[str, ...] = GRAPH_CONTRACTS):
+          contracts: tuple[str, ...] = GRAPH_CONTRACTS, uniform_draft_width: bool = False):
     """Cases; `large` lets some examples reach SGLang's sizes (the threshold, the bucket edges, every
     decade of tokens) within `budget` (tokens x layers x heads); `without`: switches never turned on (the
     target's `cannot_run`); `dims`: (field, value) pairs every case's `Dims` takes (the target's
-    `fixed_dims`); `contracts`: the graph contracts the target has (its `graph_contracts`). Both are set
-    after the draw, so the choices drawn, and a target's stream, stay those of the default ones."""
-    return for_target(_cases(semantics, large=large, budget=budget, without=without), dims, contracts)
+    `fixed_dims`); `contracts`: the graph contracts the target has (its `graph_contracts`);
+    `uniform_draft_width`: an EAGLE-family case's verify and draft-extend requests at one width (the target's
+    `uniform_draft_width`). All are set after the draw, so the choices drawn, and a target's stream, stay those of
+    the default ones."""
+    return for_target(_cases(semantics, large=large, budget=budget, without=without), dims, contracts,
+                      uniform_draft_width)
 
 
-def for_target(drawn, dims: tuple[tuple[str, object], ...], contracts: tuple[str, ...]):
-    """Cases of `drawn` at the target's fixed sizes and replayed under its graph contracts (`cases`), mapped only
-    where the target has either, so that a default campaign's strategy stays the one it draws."""
+def for_target(drawn, dims: tuple[tuple[str, object], ...], contracts: tuple[str, ...],
+               uniform_draft_width: bool = False):
+    """Cases of `drawn` at the target's fixed sizes, replayed under its graph contracts and at its one draft width
+    (`cases`), mapped only where the target has any, so that a default campaign's strategy stays the one it draws."""
     if dims:
         drawn = drawn.map(functools.partial(with_dims, dims=dims))
     if contracts != GRAPH_CONTRACTS:
         drawn = drawn.map(functools.partial(with_contract, contracts=contracts))
+    if uniform_draft_width:
+        drawn = drawn.map(with_draft_width)
     return drawn
 
 
@@ -287,6 +293,26 @@ def with_contract(case: Case, contracts: tuple[str, ...]) -> Case:
     metadata, tc_piecewise being removed or turned off for DSV4) runs each drawn graph replay the way that system
     replays it."""
     return case if case.graph_contract in contracts else replace(case, graph_contract=contracts[0])
+
+
+# The batches whose every request an EAGLE-family server gives its draft width: the verify of the drafted tokens,
+# and the draft extend after it (`prepare_for_draft_extend`).
+_DRAFT_WIDE_MODES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+
+def with_draft_width(case: Case) -> Case:
+    """`case` with every request of its verify and draft-extend batches at one draft width, where its algorithm is of
+    EAGLE's family: SGLang's EAGLE worker verifies and then extends its draft over each request's
+    `--speculative-num-draft-tokens` tokens, one width for the server. The width is the first such batch's first
+    request's new tokens, at most `MAX_DRAFT_TOKENS` (`draft_extend_requests`' rule); other cases are returned as
+    drawn."""
+    wide = [b for b in case.batches if b.mode in _DRAFT_WIDE_MODES and b.requests]
+    if not case.spec.is_eagle_family() or not wide:
+        return case
+    width = min(wide[0].requests[0].extend_len, MAX_DRAFT_TOKENS)
+    batches = tuple(replace(b, requests=tuple(Request(r.prefix_len, width) for r in b.requests))
+                    if b.mode in _DRAFT_WIDE_MODES else b for b in case.batches)
+    return replace(case, batches=batches)
 
 
 @st.composite

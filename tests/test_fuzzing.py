@@ -21,8 +21,8 @@ from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.device import DeviceKind
 from harness.model.enums import ForwardMode
 from harness.mutants.corpus import mutant_target
-from harness.strategies import (CLOSED_CONDITIONS, PROFILE_BUDGETS, cases, closed_conditions, seed_cases,
-                                with_dims)
+from harness.strategies import (CLOSED_CONDITIONS, MAX_DRAFT_TOKENS, PROFILE_BUDGETS, cases, closed_conditions,
+                                seed_cases, with_dims, with_draft_width)
 from harness.targets import ReferenceTarget, TargetSpec
 
 
@@ -205,6 +205,41 @@ def test_fixed_sizes_change_no_other_choice_of_the_stream():
 
     assert [with_dims(c, DSV4_SIZES) for c in drawn(())] == drawn(DSV4_SIZES)
     assert [with_dims(c, DSV4_SIZES) for c in seed_cases("0.5.23")] == seed_cases("0.5.23", dims=DSV4_SIZES)
+
+
+def _drawn(examples: int, **target) -> list:
+    """The first `examples` cases of one seed's stream, drawn as a campaign draws it (`pinned_stream`)."""
+    seen = []
+
+    @seed(7)
+    @settings(max_examples=examples, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=cases(**target))
+    def collect(case):
+        seen.append(case)
+    with pinned_stream():
+        collect()
+    return seen
+
+
+_DRAFT_WIDE = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+
+def _draft_widths(case) -> set[int]:
+    return {r.extend_len for b in case.batches if b.mode in _DRAFT_WIDE for r in b.requests}
+
+
+def test_a_target_with_one_draft_width_draws_eagle_verifies_and_draft_extends_at_it_and_nothing_else_moves():
+    """SGLang's EAGLE worker verifies and draft-extends every request at the server's draft width: for a target that
+    says so (`uniform_draft_width`), every drawn EAGLE-family case has one width over its verify and draft-extend
+    requests, at most `MAX_DRAFT_TOKENS`, where the default draw has uneven ones; the map is set after the draw, so
+    every other choice (and a non-EAGLE case whole) is the default stream's."""
+    default, uniform = _drawn(300), _drawn(300, uniform_draft_width=True)
+    assert [with_draft_width(c) for c in default] == uniform
+    eagle = [c for c in uniform if c.spec.is_eagle_family() and _draft_widths(c)]
+    assert eagle
+    assert all(len(_draft_widths(c)) == 1 and max(_draft_widths(c)) <= MAX_DRAFT_TOKENS for c in eagle)
+    assert any(len(_draft_widths(c)) > 1 for c in default if c.spec.is_eagle_family())
+    assert all(c == d for c, d in zip(default, uniform) if not c.spec.is_eagle_family())
 
 
 def test_a_seeds_cases_are_the_same_on_every_device():

@@ -249,9 +249,11 @@ def test_eagles_draft_extend_after_a_verify_batch_runs_the_releases_own_draft_pa
                                                                                     graph):
     """After a verify whose requests are all the server's draft width, SGLang's worker extends its draft model over the
     verified window (`EAGLEWorkerV2._draft_extend_for_decode`): the release's draft-extend plan and the NextN layer's
-    `forward` run (replayed: its draft-extend graph runner), and the result is the reference's draft extend. A verify
-    of uneven widths is no batch of SGLang's draft runner: its draft extend stays the harness's tail. Replayed while
-    the scheduler clears the batch's mapping entries, 0.5.19 to 0.5.21 race as after a draft-extend batch."""
+    `forward` run (replayed: its draft-extend graph runner), and the result is the reference's draft extend. The even
+    verify is EAGLE's own (`EagleVerifyInput`: the backend plans the uniform verify, no ragged layout). A verify
+    of uneven widths is no batch of an EAGLE server: it runs as DSpark's ragged verify, and its draft extend stays the
+    harness's tail. Replayed while the scheduler clears the batch's mapping entries, 0.5.19 to 0.5.21 race as after a
+    draft-extend batch."""
     verify = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(13, 3), Request(20, 3)), graph=graph,
                    mutations=(Mutation("swa_clear", count=3),))
     uneven = Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(16, 2), Request(23, 3)))
@@ -260,8 +262,17 @@ def test_eagles_draft_extend_after_a_verify_batch_runs_the_releases_own_draft_pa
     runner_cls = target.api.mods["draft_graph_runner"].EAGLEDraftExtendCudaGraphRunner
     graph_calls = _counting(monkeypatch, runner_cls, ("execute",))
     plans = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata_draft_extend",))
+    uniform = []  # per target-verify plan: whether it had no ragged layout (EAGLE's uniform verify)
+    plan_verify = target.api.backend_cls.init_forward_metadata_target_verify
+
+    def noted(backend, *args, ragged_layout=None, **kwargs):
+        uniform.append(ragged_layout is None)
+        return plan_verify(backend, *args, ragged_layout=ragged_layout, **kwargs)
+
+    monkeypatch.setattr(target.api.backend_cls, "init_forward_metadata_target_verify", noted)
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert all("draft_extend" in outputs for outputs in result.overlapped.outputs[1:])
+    assert uniform[:2] == [True, False], uniform  # the even verify, then the uneven one
     if graph and INSTALLED in PUBLISHES_BEFORE_DRAFT_REPLAY:
         races = [f.message for f in result.findings if (f.oracle, f.kind) == ("happens-before", "unordered-access")]
         assert races and "init_forward_metadata_in_graph" in races[0], [f.message for f in result.findings]

@@ -43,6 +43,10 @@ from harness.targets.protocol import Target
 class SglangTarget(Target):
     """The installed sglang package as a target. Construction imports it and checks what it provides."""
 
+    # SGLang's EAGLE worker verifies and draft-extends every request at the server's draft width: a campaign's
+    # EAGLE-family cases are drawn so, and the draft extend after their verify runs SGLang's draft runner
+    uniform_draft_width = True
+
     def __init__(self):
         self.api: SglangApi = load_api()
         bound_heap_growth()  # DSV4-sized cases fragment glibc's heap otherwise (see there)

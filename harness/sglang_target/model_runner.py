@@ -378,13 +378,21 @@ class SglangModelRunner:
         return batch
 
     def _as_verify(self, batch, fb: ForwardBatch, committed: list[int]) -> None:
-        """A target-verify batch as SGLang's verify step hands it to the target model (`dspark_verify._run_ragged`):
-        `seq_lens` the committed lengths (`committed`, the requests' prefixes: the backend adds the verify lengths,
-        `make_forward_metadata_from_raw_verify`), and the verify input carrying the per-request layout."""
+        """A target-verify batch as SGLang's verify step hands it to the target model: `seq_lens` the committed
+        lengths (`committed`, the requests' prefixes: the backend adds the verify lengths,
+        `make_forward_metadata_from_raw_verify`), and the verify input: EAGLE's (`EAGLEWorkerV2.verify`, the uniform
+        verify) where an EAGLE-family server verifies every request at its draft width, else DSpark's, carrying the
+        per-request layout (`dspark_verify._run_ragged`, SGLang's only form for unequal lengths)."""
         batch.seq_lens = batch.extend_prefix_lens.to(fb.seq_lens.dtype)
+        committed_lens = torch.tensor(committed, dtype=torch.int64)
+        width = self._draft_tokens()
+        if self.case.spec.is_eagle_family() and set(fb.extend_seq_lens_cpu) == {width}:
+            batch.spec_info = self.eager.real.eagle_verify_input(
+                width=width, committed_lens=committed_lens, input_ids=fb.input_ids, positions=fb.positions)
+            return
         batch.spec_info = self.eager.real.verify_input(
-            verify_lens=fb.extend_seq_lens_cpu, committed_lens=torch.tensor(committed, dtype=torch.int64),
-            input_ids=fb.input_ids, positions=fb.positions)
+            verify_lens=fb.extend_seq_lens_cpu, committed_lens=committed_lens, input_ids=fb.input_ids,
+            positions=fb.positions)
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its

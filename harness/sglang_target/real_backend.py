@@ -269,6 +269,19 @@ class RealDsv4:
             draft_token=input_ids, positions=positions, draft_token_num=max(lens), ragged_verify_layout=layout,
             live_seq_lens_cpu=committed_lens)
 
+    def eagle_verify_input(self, *, width: int, committed_lens: torch.Tensor, input_ids: torch.Tensor,
+                           positions: torch.Tensor):
+        """A target-verify batch's `spec_info` as EAGLE's worker hands it (`EAGLEWorkerV2.verify`): the drafted
+        chain's `EagleVerifyInput`, every request the server's `width` draft tokens, and no ragged layout, so the
+        backend plans the uniform verify (`speculative_num_draft_tokens` tokens a request). One chain (top-k 1,
+        `width - 1` draft steps); the tree's retrieve indices and mask serve the accept step after the forward,
+        which reads neither. `committed_lens`: the host lengths before the verify tokens."""
+        return self.api.mods["eagle_info"].EagleVerifyInput(
+            draft_token=input_ids, custom_mask=None, positions=positions, retrieve_index=None,
+            retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=width - 1, topk=1,
+            draft_token_num=width, capture_hidden_mode=self.api.mods["forward"].CaptureHiddenMode.NULL,
+            seq_lens_sum=int(committed_lens.sum()), seq_lens_cpu=committed_lens)
+
     # -- the KV buffers, by the names the harness's declarations use -------------------------------------
 
     def swa_buffer(self, layer_id: int) -> torch.Tensor:

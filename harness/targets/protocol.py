@@ -81,6 +81,11 @@ class Target:
     under the first of them where the drawn one is not among them (`strategies.with_contract`), and `open`
     refuses a graph replay under another. Default: both the harness models."""
 
+    uniform_draft_width: bool = False
+    """Whether the system gives every request of an EAGLE-family case's verify and draft-extend batches its one draft
+    width (SGLang's EAGLE worker: the server's `--speculative-num-draft-tokens`): a campaign then draws such cases
+    at one width (`strategies.with_draft_width`). False: the widths drawn, uneven ones included."""
+
     fixed_dims: Mapping[str, object] = MappingProxyType({})
     """`Dims` fields this target runs at these values only (sizes the system under test asserts): a campaign
     draws every case with them (`strategies.cases(dims=...)`), the reference model runs the same case at the
