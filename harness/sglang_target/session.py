@@ -3,7 +3,8 @@
 Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
 - on every release, an eager EXTEND batch (a MIXED one too, which SGLang's eager
-  runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (as SGLang's ragged verify: `_as_verify`) with
+  runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (EAGLE's uniform verify where an EAGLE-family case
+  verifies at its draft width, else SGLang's ragged verify: `_as_verify`) with
   neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
   SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.19 to
   0.5.22) and chunk-cache build, and per layer its `forward` (store, sparse or dense attention), with only compiled
@@ -24,7 +25,8 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 - every other batch (CP and HiSparse cases, the target's part of a draft-extend batch) runs the harness's
   metadata and layers over the same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
-  SWA latents SGLang's forward stored where it ran).
+  SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
+  (`SglangTarget.uniform_draft_width`): only a hand-written case has them.
 
 A DSV4 server of any release replays its prefill graph as the breakable graph over DSV4's captured metadata only:
 0.5.22 removed the tc_piecewise prefill backend, and to 0.5.21 SGLang's own server resolution turns it off for
