@@ -31,6 +31,7 @@ from harness.errors import InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
+from harness.sglang_target.model_runner import SglangModelRunner  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.sglang_target.server import DSV4_ARCHITECTURES  # noqa: E402
 from harness.strategies import cases  # noqa: E402
@@ -118,20 +119,26 @@ def _counting(monkeypatch, owner, names) -> dict:
     return calls
 
 
-@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND])
 def test_every_eager_batch_runs_the_releases_own_init_and_forward(target, harness_device, monkeypatch, mode):
-    """On every release an eager EXTEND batch and the DECODE or TARGET_VERIFY batch after it go through the backend
-    its own `__init__` built, its `init_forward_metadata` and its per-layer `forward`, not the harness's metadata and
-    layers."""
+    """On every release an eager EXTEND batch and the DECODE, TARGET_VERIFY or DRAFT_EXTEND batch after it go through
+    the backend its own `__init__` built, its `init_forward_metadata` and its per-layer `forward`, not the harness's
+    metadata and layers. A draft-extend batch's target part is the verify of its tokens (SGLang's target never runs a
+    draft-extend batch): the backend's verify plan."""
     second = (Request(15, 1), Request(5, 1)) if mode is ForwardMode.DECODE else (Request(290, 3), Request(4, 2))
     case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3))),
                  Batch(mode=mode, requests=second, mutations=(REWRITE,)))
-    calls = _counting(monkeypatch, target.api.backend_cls, ("__init__", "init_forward_metadata", "forward"))
+    calls = _counting(monkeypatch, target.api.backend_cls, ("__init__", "init_forward_metadata", "forward",
+                                                            "init_forward_metadata_target_verify"))
+    harness_fills = _counting(monkeypatch, SglangModelRunner, ("_fresh_metadata",))
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     runs = 3  # overlapped, barriered, the reference oracle's run
+    verifies = runs if mode is not ForwardMode.DECODE else 0
     assert calls == {"__init__": runs, "init_forward_metadata": 2 * runs,
-                     "forward": 2 * runs * len(DIMS.layer_ratios)}, calls
+                     "forward": 2 * runs * len(DIMS.layer_ratios),
+                     "init_forward_metadata_target_verify": verifies}, calls
+    assert harness_fills == {"_fresh_metadata": 0}
 
 
 def test_eagles_draft_extend_after_a_prefill_runs_the_releases_own_draft_runner(target, harness_device, monkeypatch):

@@ -26,8 +26,8 @@ each the CUDA-graph machinery of a server process that one process without a mod
 
 For a case none of whose batches runs the real backend (CP or HiSparse on, whose layouts are the harness's), the
 runner object is built with the fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's
-replay first asks for it (`CapturedGraphs`); the batches of the real path's case that run the harness's layers
-(draft-extend) use those captures too. No release replays DSV4's prefill graph under tc_piecewise
+replay first asks for it (`CapturedGraphs`). Every batch of the real path's case that the prefill graph replays runs
+the real backend (a draft-extend batch's target part is a verify, which the runner refuses). No release replays DSV4's prefill graph under tc_piecewise
 (`SglangApi.graph_contracts`), so the breakable backend is the only one driven.
 """
 

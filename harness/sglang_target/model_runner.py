@@ -33,7 +33,13 @@ _MODE_NAMES = {HForwardMode.DRAFT_EXTEND: "DRAFT_EXTEND_V2"}
 # A ForwardBatch's live token count, by release (0.5.20 on `global_`; 0.5.19 not), which `init_new` sets.
 _NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_cpu")
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
-_REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY)
+_REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY,
+               HForwardMode.DRAFT_EXTEND)
+# The mode the target model runs a batch in where it is not the batch's own: the harness's draft-extend batch stands
+# for a speculative server's decode step, whose target part is the verify of those tokens (`EAGLEWorkerV2.verify`,
+# then `_draft_extend_for_decode` on the draft model); SGLang's target never runs a draft-extend batch.
+_TARGET_MODES = {HForwardMode.DRAFT_EXTEND: HForwardMode.TARGET_VERIFY}
+_VERIFYING_MODES = (HForwardMode.TARGET_VERIFY, *_TARGET_MODES)  # the batches the target verifies
 # What SGLang's breakable-graph refresh reads: the fresh metadata, and through its raw_out_loc (a reference
 # to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
 _METADATA_SOURCES = {"meta.fresh": None, "fb.out_cache_loc": None}
@@ -262,10 +268,11 @@ class SglangModelRunner:
         return EagerPath(self, real)
 
     def _draft_tokens(self) -> Optional[int]:
-        """The server's `--speculative-num-draft-tokens`: the most tokens any verify batch of the case gives a request
-        (SGLang's verify batches stay within it); None for a case without verify batches (the harness draws a batch's
-        mode apart from the case's algorithm, so a verify batch says the server verifies)."""
-        verify = [r.extend_len for b in self.case.batches if b.mode is HForwardMode.TARGET_VERIFY for r in b.requests]
+        """The server's `--speculative-num-draft-tokens`: the most tokens any verify batch of the case gives a request,
+        a draft-extend batch's target part (a verify, `target_mode`) counted (SGLang's verify batches stay within it);
+        None for a case without either (the harness draws a batch's mode apart from the case's algorithm, so a verify
+        batch says the server verifies)."""
+        verify = [r.extend_len for b in self.case.batches if b.mode in _VERIFYING_MODES for r in b.requests]
         return max(verify, default=None)
 
     def _note_fallback(self, pool) -> None:
@@ -348,6 +355,13 @@ class SglangModelRunner:
     def sglang_mode(self, fb: ForwardBatch):
         return self.api.mods["forward"].ForwardMode[_MODE_NAMES.get(fb.forward_mode, fb.forward_mode.name)]
 
+    def target_mode(self, fb: ForwardBatch):
+        """The mode the target model runs `fb` in: a draft-extend batch of the real path as SGLang's verify of its
+        tokens (`_TARGET_MODES`), any other batch in its own mode."""
+        if self.runs_real(fb) and fb.forward_mode in _TARGET_MODES:
+            return self.api.mods["forward"].ForwardMode[_TARGET_MODES[fb.forward_mode].name]
+        return self.sglang_mode(fb)
+
     def sglang_batch(self, fb: ForwardBatch, mode=None):
         """A real ForwardBatch over the harness batch's tensors (what the scheduler hands the runner)."""
         mods = self.api.mods
@@ -408,7 +422,7 @@ class SglangModelRunner:
     def forward(self, fb: ForwardBatch, *, graph: bool) -> torch.Tensor:
         """`ModelRunner._forward_raw`'s part: the forward context, then the graph runner or the eager one."""
         contexts = self.api.mods["forward_context"]
-        batch = self.sglang_batch(fb)
+        batch = self.sglang_batch(fb, mode=self.target_mode(fb))
         self.live_batch = fb
         try:
             batch_kwargs = {"forward_batch": batch} if self.api.generation.context_takes_batch else {}
@@ -435,8 +449,9 @@ class SglangModelRunner:
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
         too, which SGLang's eager runner runs as EXTEND), a DECODE batch (its own decode metadata: the raw metadata
-        made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in) or a TARGET_VERIFY
-        batch (SGLang's ragged verify metadata, `_as_verify`) of a case that may (`real_case`)."""
+        made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in), a TARGET_VERIFY
+        batch (SGLang's verify metadata, `_as_verify`) or the target part of a DRAFT_EXTEND batch (that verify,
+        `target_mode`) of a case that may (`real_case`)."""
         return self.real_case and fb.forward_mode in _REAL_MODES
 
     def replays_real(self, fb: ForwardBatch) -> bool:

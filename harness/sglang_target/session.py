@@ -4,7 +4,9 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
 
 - on every release, an eager EXTEND batch (a MIXED one too, which SGLang's eager
   runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (EAGLE's uniform verify where an EAGLE-family case
-  verifies at its draft width, else SGLang's ragged verify: `_as_verify`) with
+  verifies at its draft width, else SGLang's ragged verify: `_as_verify`), and the target's part of a DRAFT_EXTEND
+  batch (the harness's draft-extend batch stands for a speculative server's decode step: SGLang's target verifies
+  those tokens, then the draft extends over them; its target part is that verify, `target_mode`), with
   neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
   SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.19 to
   0.5.22) and chunk-cache build, and per layer its `forward` (store, sparse or dense attention), with only compiled
@@ -22,7 +24,7 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
-- every other batch (CP and HiSparse cases, the target's part of a draft-extend batch) runs the harness's
+- every batch of a CP or HiSparse case runs the harness's
   metadata and layers over the same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
   SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
@@ -222,8 +224,7 @@ class SglangSession(ReferenceSession):
 
     def kv_state(self) -> dict[str, torch.Tensor]:
         """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
-        pools after any other (the harness's layers run a CP or HiSparse case and the target's part of a draft
-        extend)."""
+        pools after any other (the harness's layers run a CP or HiSparse case)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
