@@ -374,6 +374,49 @@ def test_a_snapshot_that_claims_its_reads_without_building_the_cache_is_found(ta
     assert "--target sglang" in result.replay
 
 
+def _hisparse_prefill(target, *, sparse: bool, mutations=()) -> Case:
+    """A HiSparse EXTEND batch over c4 history (two requests, 300 and 200 tokens of prefix, blocks in several pages),
+    of a spec no release publishes for, sparse prefill on or off."""
+    batch = Batch(requests=(Request(40, 300), Request(9, 200)), mutations=mutations)
+    return Case(semantics=target.semantics, spec=SpeculativeAlgorithm.NONE, graph_contract="bcg", batches=(batch,),
+                dims=DIMS, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, hisparse=True,
+                                       SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=sparse))
+
+
+def test_hisparse_sparse_prefill_reads_the_c4_cache_at_logical_slots_on_every_release(target, harness_device,
+                                                                                        monkeypatch):
+    """A bug of every release (BENCHMARKS.md, section 31): with HiSparse the compressor stores a c4 block at its
+    device slot (`HiSparseC4DevicePool.set_key_buffer_fused` translates) and the dense attention reads the indexer's
+    translated page indices, but the sparse prefill gathers the c4 cache at the logical slots of the page table
+    (`SparsePrefillChunkCache.ensure_compressed`), untranslated. Where the allocation moved a request's blocks (the
+    session's HiSparse allocator hands out device pages in another order), the c4 layers attend over other blocks:
+    the float64 oracle finds it, at the ratio-4 layer only. The same batch with dense prefill is clean. Both run
+    the release's own init and forward over its HiSparse c4 pool."""
+    calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata", "forward"))
+    dense = run_case(target, _hisparse_prefill(target, sparse=False, mutations=(Mutation("hisparse_evict", count=3),)),
+                     harness_device, target_spec=SGLANG)
+    assert dense.findings == [], [f.message for f in dense.findings]
+    assert calls["init_forward_metadata"] == 3 and calls["forward"] == 3 * len(DIMS.layer_ratios), calls
+    sparse = run_case(target, _hisparse_prefill(target, sparse=True), harness_device, target_spec=SGLANG)
+    wrong = [f.message for f in sparse.findings if (f.oracle, f.kind) == ("float64", "attention-mismatch")]
+    assert wrong and all("(ratio 4)" in message for message in wrong), [f.message for f in sparse.findings]
+    assert {f.oracle for f in sparse.findings} <= {"float64", "reference"}, [f.message for f in sparse.findings]
+
+
+def test_a_hisparse_decode_runs_the_harness_layers(target, harness_device, monkeypatch):
+    """HiSparse's decode swaps the selected pages in through the HiSparse coordinator (the indexer's decode branch),
+    whose host pool the harness does not run: a HiSparse case's DECODE batch runs the harness's metadata and layers,
+    its EXTEND batch SGLang's."""
+    case = dataclasses.replace(_hisparse_prefill(target, sparse=False), batches=(
+        Batch(requests=(Request(9, 6), Request(2, 3))), Batch(mode=ForwardMode.DECODE,
+                                                              requests=(Request(15, 1), Request(5, 1)))))
+    calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata",))
+    harness_fills = _counting(monkeypatch, SglangModelRunner, ("_fresh_metadata",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    assert calls["init_forward_metadata"] == 3 and harness_fills["_fresh_metadata"] > 0, (calls, harness_fills)
+
+
 def test_a_later_gate_the_release_lacks_is_reported_not_hidden(target, harness_device):
     """Host offload has no publish gate before 0.5.23: a PR-era release publishes under it, and the policy
     oracle says so; 0.5.23 does not publish."""

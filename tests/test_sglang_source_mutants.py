@@ -157,6 +157,31 @@ def test_a_padded_draft_extend_bucket_reading_another_requests_row_is_an_undecla
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
 
 
+def test_the_hisparse_gate_deleted_publishes_before_the_per_layer_translations():
+    """The row the table's campaigns leave out (`MASKED_HISPARSE`: they run without HiSparse, whose sparse prefill
+    every release gets wrong) judged on a constructed case: a HiSparse EXTEND batch with dense prefill while the
+    scheduler evicts HiSparse entries. With 0.5.23's gate deleted, the resolver declares its reads over before the
+    layers translate through full_to_hisparse (the compressor's store, the indexer's translation): a race naming
+    SGLang's line. The unmutated release replays it clean."""
+    table = load_table()
+    if "hisparse_gate_deleted" not in {m.name for m in table.installed_table()[1]}:
+        pytest.skip(f"sglang {version('sglang')} has no HiSparse gate (its table has no such row)")
+    generation = RELEASED[version("sglang")]
+    case = Case(semantics=generation.semantics, graph_contract="bcg", dims=Dims(**fixed_dims(load_api())),
+                flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, hisparse=True,
+                            SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
+                batches=(Batch(requests=(Request(40, 300), Request(9, 200)),
+                               mutations=(Mutation("hisparse_evict", target="other", count=3),)),))
+    harness_replay = ("python -m harness replay --target sglang --device cpu --schedule adversarial --case "
+                      + shlex.quote(case.to_json()))
+    mutated = run_command(table.mutant_replay("hisparse_gate_deleted", harness_replay))
+    assert mutated.returncode == 1, mutated.stdout[-3000:] + mutated.stderr[-3000:]
+    assert ("race on 'full_to_hisparse'" in mutated.stdout
+            and "in translate_loc_to_hisparse_device" in mutated.stdout), mutated.stdout[-3000:]
+    clean = run_command(harness_replay)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+
+
 def test_replay_takes_one_mutant():
     done = subprocess.run([sys.executable, str(SCRIPT), "--only", "snapshot_step_deleted,barrier_before_launch",
                            "--replay", "--case", "{}"], cwd=PROJECT, capture_output=True, text=True, timeout=120)

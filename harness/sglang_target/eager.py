@@ -110,7 +110,8 @@ class EagerPath:
         """The KV after the forward in the harness's layout, decoded from SGLang's pool (the SWA cache by SWA slot,
         the compressed caches by the full slot of a block's first token), and the harness's indexer-K store."""
         full_size = self.harness_pool.size
-        return {"swa_kv": self.real.read_swa(), "extra_kv": self.real.read_compressed(full_size),
+        return {"swa_kv": self.real.read_swa(),
+                "extra_kv": self.real.read_compressed(full_size, self.mr.session.hisparse_slots),
                 "indexer_k": self.harness_pool.indexer_k}
 
     # -- SGLang's metadata init and resolver, as host work ----------------------------------------------
@@ -214,8 +215,10 @@ class EagerPath:
                     indexer_k.index_copy_(0, loc.long() * 4, index_keys[rows])
 
         writes = {**self._named(f"extra_kv[{layer}]"), **({"indexer_k": None} if ratio == 4 else {})}
-        self.device.launch(f"{segments.prefix}layer{layer}.compressor.store", store, reads=self._named(*segments.reads),
-                           writes=writes)
+        reads = self._named(*segments.reads)
+        if ratio == 4 and real.hisparse:  # the c4 pool translates the slots to device slots (`set_key_buffer_fused`)
+            reads["full_to_hisparse"] = None
+        self.device.launch(f"{segments.prefix}layer{layer}.compressor.store", store, reads=reads, writes=writes)
 
     def _indexer(self, fb, segments: "_Segments", layer: int) -> None:
         """The c4 indexer: the harness's scores (each visible block's key, read through the metadata's page
@@ -235,8 +238,11 @@ class EagerPath:
             with self.sglang():
                 real.c4_top_k(metadata, scores * _TIE_BREAK - blocks)
 
-        self.device.launch(f"{segments.prefix}layer{layer}.indexer.top_k", top_k,
-                           reads={"indexer_k": None, **self._named("meta")}, writes=self._named("meta.c4_sparse"))
+        reads = {"indexer_k": None, **self._named("meta")}
+        if real.hisparse:  # the indexer's HiSparse step translates the page indices (`RealDsv4.c4_top_k`)
+            reads["full_to_hisparse"] = None
+        self.device.launch(f"{segments.prefix}layer{layer}.indexer.top_k", top_k, reads=reads,
+                           writes=self._named("meta.c4_sparse"))
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
                    sparse: bool, builds: bool, graph: bool) -> None:

@@ -259,11 +259,13 @@ class SglangModelRunner:
         an eager batch (and its breakable replay) through them."""
         session = self.session
         dims, pool = self.case.dims, session.token_to_kv_pool
+        mapping = session.hisparse_map  # by full slot: every fourth entry is SGLang's, by c4 slot
         real = RealDsv4(self.api, req_to_token=session.req_to_token_pool.req_to_token,
                         full_to_swa=pool.full_to_swa_index_mapping, full_size=pool.size,
                         swa_size=session.sizes.swa_size, layer_ratios=self.model_layer_ratios(), heads=dims.heads,
                         spec_algorithm=self.spec_algorithm, draft_tokens=self._draft_tokens(),
-                        hisparse=self.case.flags.hisparse, draft=self.is_draft_worker,
+                        hisparse_map=None if self.is_draft_worker or mapping is None else mapping[::4],
+                        draft=self.is_draft_worker,
                         device=str(self.harness_device.torch_device))
         return EagerPath(self, real)
 
@@ -441,8 +443,9 @@ class SglangModelRunner:
 
     @property
     def real_case(self) -> bool:
-        """Whether the case's batches may run SGLang's metadata init and forward: where the real backend runs,
-        without CP or HiSparse (their layouts and per-layer translations are the harness's)."""
+        """Whether every batch of the case that may run SGLang's metadata init and forward does, graph replays and
+        EAGLE's draft model included: without CP (one process cannot run its ranks' layout) or HiSparse (its decode
+        swaps pages in through the HiSparse coordinator, whose host pool the harness does not run)."""
         flags = self.case.flags
         return not flags.cp_active and not flags.hisparse
 
@@ -451,14 +454,19 @@ class SglangModelRunner:
         too, which SGLang's eager runner runs as EXTEND), a DECODE batch (its own decode metadata: the raw metadata
         made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in), a TARGET_VERIFY
         batch (SGLang's verify metadata, `_as_verify`) or the target part of a DRAFT_EXTEND batch (that verify,
-        `target_mode`) of a case that may (`real_case`)."""
-        return self.real_case and fb.forward_mode in _REAL_MODES
+        `target_mode`), of a case without CP; with HiSparse, every such batch but a decode (`real_case`), over
+        SGLang's HiSparse c4 pool (the session's `hisparse_map`)."""
+        flags = self.case.flags
+        if flags.cp_active or (flags.hisparse and fb.forward_mode is HForwardMode.DECODE):
+            return False
+        return fb.forward_mode in _REAL_MODES
 
     def replays_real(self, fb: ForwardBatch) -> bool:
         """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
         run for real eagerly, replayed by the breakable graph with DSV4's captured metadata (`bcg`, the one
-        contract the target replays: `SglangApi.graph_contracts`)."""
-        return self.runs_real(fb)
+        contract the target replays: `SglangApi.graph_contracts`), in a case whose start-up capture is SGLang's
+        (`real_case`)."""
+        return self.real_case and self.runs_real(fb)
 
     def use_sparse_prefill(self, forward_batch, rows: int) -> bool:
         """Whether the forward of `rows` query rows takes sparse prefill: SGLang's own dispatch where the release

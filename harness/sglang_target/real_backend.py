@@ -9,8 +9,10 @@ PR hook `prepare_prefill_shared_read_snapshot` in place of the resolver, and 0.5
 inline):
 
 - `mem_cache/deepseek_v4_memory_pool.py`: `DeepSeekV4TokenToKVPool.__init__` (the SWA pool, the c4 / c128
-  compressed pools, the indexer pool, the compress-state pools), `register_mapping` (the session's full->SWA
-  tensor itself), `set_swa_key_buffer_radix_fused`, `set_extra_key_buffer_fused`, every getter the backend reads;
+  compressed pools, the indexer pool, the compress-state pools; with HiSparse the c4 pool is a
+  `HiSparseC4DevicePool`, its `register_mapping` given the session's mapping), `register_mapping` (the session's
+  full->SWA tensor itself), `set_swa_key_buffer_radix_fused`, `set_extra_key_buffer_fused` (the HiSparse pool's
+  translates to device slots), every getter the backend reads;
 - `mem_cache/memory_pool.py`: `ReqToTokenPool.__init__`, whose `req_to_token` is then re-bound to the session's
   table (the backend asserts at every init that it reads that very tensor);
 - `configs/model_config.py`: `ModelConfig.from_server_args` of the published tiny server (`server.publish`);
@@ -21,7 +23,8 @@ inline):
   then `_forward_prefill_sparse` (its lazy `_build_sparse_prefill_chunk_cache` included) or the dense
   `flash_mla_with_kvcache` call; `layers/radix_attention.py`: `RadixAttention.__init__`, the `layer` argument;
 - `layers/attention/dsv4/indexer.py`: `topk_transform_pytorch_vectorized`, the indexer's last step (top-k ->
-  compressed-pool slots through the metadata's page table) as SGLang's torch top-k backend runs it.
+  compressed-pool slots through the metadata's page table) as SGLang's torch top-k backend runs it, and with
+  HiSparse outside a decode its translation of those slots (`translate_loc_to_hisparse_device`, the pool's).
 
 Stood in, each because it cannot load here, in `flash_mla.py` and `jit_kernels.py` (each op with its source of
 truth and a test against its contract): FlashMLA (`get_mla_metadata`, `flash_mla_sparse_fwd`,
@@ -178,12 +181,15 @@ class RealDsv4:
     tokens a verify batch has a request), None without speculative decoding. `full_size`: the full KV slots the
     caller's tables address; the compressed pools hold one entry per ratio block of them (c4 slot = full slot // 4,
     c128 slot = // 128). `draft`: a draft worker's pool and backend (`ModelRunner.is_draft_worker`, EAGLE's NextN
-    model: `layer_ratios` (0,)), whose buffers are named `draft_swa_kv[layer]` beside the target's."""
+    model: `layer_ratios` (0,)), whose buffers are named `draft_swa_kv[layer]` beside the target's.
+    `hisparse_map`: with HiSparse (`--enable-hisparse`), the logical c4 slot -> device c4 slot mapping the c4 pool
+    translates through (`HiSparseC4DevicePool.register_mapping`; SGLang's allocator registers its
+    `full_to_hisparse_device_index_mapping`), ending in the -1 that an invalid index (-1) reads; None without."""
 
     def __init__(self, api, *, req_to_token: torch.Tensor, full_to_swa: torch.Tensor, full_size: int,
                  swa_size: int, layer_ratios: Sequence[int], heads: int, spec_algorithm,
-                 draft_tokens: Optional[int] = None, hisparse: bool = False, draft: bool = False,
-                 device: str = "cpu"):
+                 draft_tokens: Optional[int] = None, hisparse_map: Optional[torch.Tensor] = None,
+                 draft: bool = False, device: str = "cpu"):
         if req_to_token.dtype != torch.int32 or full_to_swa.dtype != torch.int64:
             raise ValueError("req_to_token must be int32 and full_to_swa int64, as SGLang allocates them")
         if full_size % PAGE_SIZE:
@@ -198,8 +204,11 @@ class RealDsv4:
             c128_state_pool_size=swa_size, page_size=PAGE_SIZE, swa_page_size=PAGE_SIZE, dtype=torch.float8_e4m3fn,
             c4_state_dtype=torch.float32, c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
             indexer_head_dim=128, layer_num=len(self.layer_ratios), device=device, enable_memory_saver=False,
-            compression_ratios=list(self.layer_ratios))
+            compression_ratios=list(self.layer_ratios), enable_hisparse=hisparse_map is not None)
         self.pool.register_mapping(full_to_swa)
+        self.hisparse = hisparse_map is not None and self.pool.c4_kv_pool is not None
+        if self.hisparse:
+            self.pool.c4_kv_pool.register_mapping(hisparse_map)
         self.req_to_token_pool = self._request_pool(req_to_token, device)
         server_args = api.mods["runtime"].get_context().server_args
         # What `DeepseekV4AttnBackend.__init__` reads of its model runner; `device` is the tensors' device (the
@@ -212,7 +221,8 @@ class RealDsv4:
         runner = SimpleNamespace(
             device=device, model_config=model_config,
             page_size=PAGE_SIZE, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
-            hisparse_coordinator=object() if hisparse else None, spec_algorithm=spec_algorithm, is_draft_worker=draft,
+            hisparse_coordinator=object() if hisparse_map is not None else None, spec_algorithm=spec_algorithm,
+            is_draft_worker=draft,
             server_args=server_args)
         self.model_config = runner.model_config
         # The model runner's n-gram embedding manager, made by SGLang's `NgramEmbeddingManager.from_model` for a
@@ -332,7 +342,9 @@ class RealDsv4:
     def c4_top_k(self, metadata, scores: torch.Tensor) -> None:
         """The indexer's last step for the c4 layers, as `forward_c4_indexer` runs it with the torch top-k
         backend: `topk_transform_pytorch_vectorized` over the harness's scores [rows, >= max c4 length] writes
-        `metadata`'s `c4_sparse_page_indices` and `c4_sparse_raw_indices` in place."""
+        `metadata`'s `c4_sparse_page_indices` and `c4_sparse_raw_indices` in place; with HiSparse, then its branch
+        for a batch that is not a decode (the target never runs a decode of a HiSparse case here: that branch swaps
+        pages in through the HiSparse coordinator), the page indices re-bound to their device slots."""
         indexer = importlib.import_module(_INDEXER)
         core, index = metadata.core_attn_metadata, metadata.indexer_metadata
         rows = scores.shape[0]
@@ -344,6 +356,9 @@ class RealDsv4:
                                           index.c4_page_size)
         transform(scores, lens[:rows], index.page_table[:rows], core.c4_sparse_page_indices[:rows], page_size,
                   None if core.c4_sparse_raw_indices is None else core.c4_sparse_raw_indices[:rows])  # decode keeps none
+        if self.hisparse:  # the indexer's HiSparse step outside decode: the page indices to device slots, re-bound
+            core.c4_sparse_page_indices = self.pool.c4_kv_pool.translate_loc_to_hisparse_device(
+                core.c4_sparse_page_indices).to(torch.int32)
 
     # -- readers for the oracles ---------------------------------------------------------------------
 
@@ -352,13 +367,18 @@ class RealDsv4:
         page = self.pool.swa_kv_pool.page_size  # `get_swa_key_page_size()` from 0.5.22, the same without a window
         return torch.stack([read_v4(self.swa_buffer(layer), page) for layer in range(len(self.layer_ratios))])
 
-    def read_compressed(self, full_size: int) -> torch.Tensor:
+    def read_compressed(self, full_size: int, c4_device_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Every compressed entry of every layer, decoded, in the harness's layout: slot `s` of a ratio-`r` layer
         at row `r * s`, the full slot of its block's first token, for the `full_size // r` slots the tables
         address; the pool's slots beyond those (its reserved page) after row `full_size`, in order, where no
-        batch owns anything. float32 [layers, full_size + the most such slots, 512]."""
+        batch owns anything. `c4_device_slots`: with HiSparse, the device slot each logical c4 slot was allocated
+        (int64 [full_size // 4]): a c4 layer's slot `s` is read there. float32 [layers, full_size + the most such
+        slots, 512]."""
         decoded = {layer: read_v4(self.extra_buffer(layer), self.pool.get_extra_key_page_size(layer))
                    for layer, ratio in enumerate(self.layer_ratios) if ratio}
+        if self.hisparse:
+            decoded.update({layer: torch.cat([values[c4_device_slots], values[full_size // 4:]])
+                            for layer, values in decoded.items() if self.layer_ratios[layer] == 4})
         beyond = {layer: values[full_size // self.layer_ratios[layer]:] for layer, values in decoded.items()}
         out = torch.zeros(len(self.layer_ratios), full_size + max([0] + [v.shape[0] for v in beyond.values()]),
                           HEAD_DIM, device=self.full_to_swa.device)

@@ -6,13 +6,15 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (EAGLE's uniform verify where an EAGLE-family case
   verifies at its draft width, else SGLang's ragged verify: `_as_verify`), and the target's part of a DRAFT_EXTEND
   batch (the harness's draft-extend batch stands for a speculative server's decode step: SGLang's target verifies
-  those tokens, then the draft extends over them; its target part is that verify, `target_mode`), with
-  neither CP nor HiSparse, on either device, runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
+  those tokens, then the draft extends over them; its target part is that verify, `target_mode`), without CP, on
+  either device (with HiSparse, but for a decode batch: over SGLang's HiSparse c4 pool and the session's mapping,
+  `_hisparse_tables`), runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
   SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.19 to
   0.5.22) and chunk-cache build, and per layer its `forward` (store, sparse or dense attention), with only compiled
   code stood in (`real_backend.py`, `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in
   where its wheel does not load).
-  Such a batch replayed by the breakable graph (`bcg`) does too: SGLang's `PrefillCudaGraphRunner`, built by its
+  Such a batch of a case without HiSparse replayed by the breakable graph (`bcg`) does too: SGLang's
+  `PrefillCudaGraphRunner`, built by its
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
   `real_graph.py`). Its KV is in SGLang's pool, which `kv_state` decodes;
@@ -24,7 +26,7 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
-- every batch of a CP or HiSparse case runs the harness's
+- every batch of a CP case, and a HiSparse case's decode batches and replays, run the harness's
   metadata and layers over the same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
   SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
@@ -125,7 +127,7 @@ from harness.probe import Dispatch, Publish
 from harness.sglang_target import server
 from harness.sglang_target.draft_runner import SglangDraftRunner
 from harness.sglang_target.model_runner import DeferredChunkCache, SglangModelRunner
-from harness.sglang_target.real_backend import fixed_dims
+from harness.sglang_target.real_backend import PAGE_SIZE, fixed_dims
 from harness.sglang_target.platform import CudaEventBridge, SimStream, sglang_config
 from harness.sglang_target.scheduler import SchedulerShell, ShellBatch
 from harness.targets import Classes, ReferenceSession
@@ -182,12 +184,37 @@ class SglangSession(ReferenceSession):
         self.harness_runner = self.model_runner  # the harness model: metadata init, KV stores, indexer, readers
         server.publish(api, device.kind.value)
         self.bridge = CudaEventBridge(device) if device.kind is DeviceKind.CUDA else None
+        self.hisparse_slots, self.hisparse_map = self._hisparse_tables() if case.flags.hisparse else (None, None)
         self.model_runner = SglangModelRunner(self)
         # EAGLE's draft extend after a prefill, through SGLang's draft runner, in a case whose prefills run SGLang's
         # own backend (`real_case`); otherwise, and after any other batch, the harness's (`run_speculative_tail`).
         self.draft_runner = (SglangDraftRunner(self, self.model_runner)
                              if case.spec.is_eagle_family() and self.model_runner.real_case else None)
         self.scheduler = self._scheduler_shell(api, device)
+
+    def _hisparse_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A HiSparse server's c4 allocation and its mapping. SGLang's HiSparse allocator hands out each logical c4
+        slot a device slot from a free list of its own (`DeepSeekV4HiSparseTokenToKVPoolAllocator.alloc_extend`), so
+        the two orders part as soon as any request has freed pages; here the device pages come in the reverse
+        order of the logical ones (page 0, the padding page, kept in place): a state a server reaches, and one
+        in which a read of a logical slot where a device slot is meant reads another block. Returns the device
+        slot of each logical c4 slot (int64 [full // 4]) and the session's `full_to_hisparse`: indexed by full slot,
+        the device slot of the c4 block whose first token it is, so that its every fourth entry, with the -1 after
+        the last that an invalid index (-1) reads, is SGLang's mapping by logical c4 slot
+        (`full_to_hisparse_device_index_mapping`), which SGLang's pool reads (`RealDsv4`)."""
+        full, tdev = self.token_to_kv_pool.size, self.device.torch_device
+        per_page = PAGE_SIZE // 4
+        logical = torch.arange(full // 4, dtype=torch.int64, device=tdev)
+        page = logical // per_page
+        slots = torch.where(page == 0, 0, full // PAGE_SIZE - page) * per_page + logical % per_page
+        table = torch.zeros(full + 4, dtype=torch.int64, device=tdev)
+        table[full] = -1
+        return slots, table
+
+    @property
+    def full_to_hisparse(self) -> torch.Tensor:
+        """With HiSparse, SGLang's mapping by full slot (`_hisparse_tables`); else the harness's."""
+        return super().full_to_hisparse if self.hisparse_map is None else self.hisparse_map
 
     def _scheduler_shell(self, api, device) -> SchedulerShell:
         """SGLang's scheduler loop over the model worker it would have: the TP worker without speculative decoding;
@@ -217,6 +244,8 @@ class SglangSession(ReferenceSession):
         `req_pool_indices` are int64 in ScheduleBatch/ForwardBatch (`extend_seq_lens` int32, as here); the
         prefix's KV also in SGLang's pool, where an eager EXTEND batch reads it."""
         fb = super().load(world)
+        if self.hisparse_map is not None:  # the allocation, whatever the last step evicted
+            self.hisparse_map[: self.token_to_kv_pool.size: 4] = self.hisparse_slots
         for runner in self._sglang_runners():
             runner.eager.load(world)
         return dataclasses.replace(fb, seq_lens=fb.seq_lens.to(torch.int64),
@@ -224,7 +253,7 @@ class SglangSession(ReferenceSession):
 
     def kv_state(self) -> dict[str, torch.Tensor]:
         """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
-        pools after any other (the harness's layers run a CP or HiSparse case)."""
+        pools after any other (the harness's layers ran it: a batch of a CP case, a HiSparse case's decode)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
