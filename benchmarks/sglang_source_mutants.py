@@ -82,9 +82,8 @@ class SourceMutant:
 
     @property
     def not_run(self) -> tuple[str, str]:
-        """(outcome, reason) of a row listed and not run; ("", "") for a row the campaigns run."""
-        for outcome, reason in (("UNREACHABLE", self.unreachable), ("EQUIVALENT", self.equivalent),
-                                ("MASKED", self.masked)):
+        """(outcome, reason) of a row listed and not run (one of `NOT_RUN`); ("", "") for a row the campaigns run."""
+        for outcome, reason in zip(NOT_RUN, (self.unreachable, self.equivalent, self.masked)):
             if reason:
                 return outcome, reason
         return "", ""
@@ -94,6 +93,8 @@ class SourceMutant:
         return ((self.old, self.new),) + self.also
 
 
+# The outcomes of a row listed with its reason and never run, by the field that gives the reason.
+NOT_RUN = ("UNREACHABLE", "EQUIVALENT", "MASKED")
 MASKED_HISPARSE = ("the campaigns run without HiSparse (`KNOWN_BUG_GATES`: every release's sparse prefill reads the "
                    "c4 cache at logical slots); judged on a dense-prefill HiSparse case by test_sglang_source_mutants."
                    "py::test_the_hisparse_gate_deleted_publishes_before_the_per_layer_translations")
@@ -764,10 +765,9 @@ def main() -> int:
                 print(f"    replay: {row['replay']}", flush=True)
     # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
-    ran = [r for r in rows if r["outcome"] not in ("UNREACHABLE", "EQUIVALENT", "MASKED")]
-    equivalent = sum(r["outcome"] == "EQUIVALENT" for r in rows)
-    masked = sum(r["outcome"] == "MASKED" for r in rows)
-    listed = f"{len(rows) - len(ran) - equivalent - masked} unreachable in this release, not run" + (
+    ran = [r for r in rows if r["outcome"] not in NOT_RUN]
+    unreachable, equivalent, masked = (sum(r["outcome"] == outcome for r in rows) for outcome in NOT_RUN)
+    listed = f"{unreachable} unreachable in this release, not run" + (
         f"; {equivalent} equivalent, not run" if equivalent else "") + (
         f"; {masked} masked by a bug of the release, not run" if masked else "")
     print(f"\n{killed}/{len(ran)} source mutants found ({listed}); clean copy: "

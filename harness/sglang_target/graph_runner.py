@@ -24,11 +24,12 @@ each the CUDA-graph machinery of a server process that one process without a mod
   ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
   server's largest buckets. A case that replays nothing captures the smallest bucket.
 
-For a case none of whose batches runs the real backend (CP or HiSparse on, whose layouts are the harness's), the
+For a case whose replays do not run the real backend (CP or HiSparse on: `SglangModelRunner.real_case`), the
 runner object is built with the fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's
 replay first asks for it (`CapturedGraphs`). Every batch of the real path's case that the prefill graph replays runs
-the real backend (a draft-extend batch's target part is a verify, which the runner refuses). No release replays DSV4's prefill graph under tc_piecewise
-(`SglangApi.graph_contracts`), so the breakable backend is the only one driven.
+the real backend (a draft-extend batch's target part is a verify, which the runner refuses). No release replays
+DSV4's prefill graph under tc_piecewise (`SglangApi.graph_contracts`), so the breakable backend is the only one
+driven.
 """
 
 from __future__ import annotations
