@@ -457,12 +457,15 @@ class Campaign:
         draws left of its examples are neither kept nor judged (raising to stop hypothesis would store the draw in
         the example database, as it stores any example that raises). A failure replayed from the database (not
         `partitioned`) or shrunk is judged as it is."""
-        if partitioned and self.drawing():
-            if self.first.complete:
-                return
-            if not self.first.keeps(case, schedule):
-                reject()
+        if not (partitioned and self.drawing()):
+            handle(case, schedule, partitioned=partitioned)
+            return
+        if self.first.complete:
+            return
+        if not self.first.keeps(case, schedule):
+            reject()
         handle(case, schedule, partitioned=partitioned)
+        self.first.mark_judged(case, schedule)
 
     def drawn_case(self, case, schedule, *, handle) -> None:
         """A case drawn after the coverage-first phase; one the phase judged already is drawn again: hypothesis

@@ -111,6 +111,7 @@ class CoverageFirst:
     reachable: frozenset[Value]
     reached: set[Value] = field(default_factory=set)
     kept: set[tuple[str, str]] = field(default_factory=set)
+    judged: set[tuple[str, str]] = field(default_factory=set)  # kept cases whose judgement returned (raised nothing)
 
     @property
     def cases(self) -> int:
@@ -121,16 +122,22 @@ class CoverageFirst:
 
     def keeps(self, case: Case, schedule: str) -> bool:
         """Whether `case` reaches a value the stream has not reached yet; if so it is one of the phase's cases.
-        A case the phase kept already is kept again: hypothesis runs a draw that raised once more to see it raise
-        again, and a rejection then would be its "unreliable assumption" (a flaky error hiding the real one)."""
+        A case the phase kept already is kept again where its judgement raised: hypothesis runs a draw that raised
+        once more to see it raise again, and a rejection then would be its "unreliable assumption" (a flaky error
+        hiding the real one). One judged and met again (another value's aim drew the same case) is nothing
+        new: kept again, it would be counted twice as two places of the stream."""
         key = (case.to_json(), schedule)
         if key in self.kept:
-            return True
+            return key not in self.judged
         if not values_of(case) & (self.reachable - self.reached):
             return False
         self.add(case)
         self.kept.add(key)
         return True
+
+    def mark_judged(self, case: Case, schedule: str) -> None:
+        """The kept `case`'s judgement returned: met again, it is nothing new (`keeps`)."""
+        self.judged.add((case.to_json(), schedule))
 
     @property
     def complete(self) -> bool:

@@ -106,6 +106,19 @@ def test_a_kept_case_run_again_is_kept_again_and_one_that_adds_nothing_is_not():
     phase = CoverageFirst(reachable=frozenset(values(extend)))
     assert phase.keeps(extend, "adversarial") and phase.keeps(extend, "adversarial") and phase.cases == 1
     assert not phase.keeps(extend, "forced")  # the same values under another schedule: nothing new
+    # judged (it raised nothing) and met again, as another value's aim may draw it: not a second place in the stream
+    phase.mark_judged(extend, "adversarial")
+    assert not phase.keeps(extend, "adversarial") and phase.cases == 1
+
+
+def test_every_case_of_the_coverage_first_phase_is_counted_once():
+    """A kept case drawn again by another value's aim was counted as a second case of the stream, and every later
+    case's phase was then off by one (seen on the stream of the table with the HiSparse c4 reads: 3 coverage-first
+    cases logged of 39 kept, the first of them twice)."""
+    log = run_campaign(ReferenceTarget(), examples=40, seed=3, seeds=False).cases_log
+    assert len({e["case"] for e in log}) == len(log) == 40
+    first = [e["i"] for e in log if e["phase"] is StreamPhase.COVERAGE_FIRST]
+    assert first == list(range(1, len(first) + 1)) and len(first) > 3
 
 
 def test_a_replay_after_its_buckets_sparse_replay_is_a_carry_value_of_its_contract():
