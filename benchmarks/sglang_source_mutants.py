@@ -6,7 +6,8 @@ resolver design; `PR_EARLY_MUTANTS` for 0.5.19 and 0.5.20, the PR's own design (
 unit tests pin down, and its code paths) and the rows of its backend's own init, forward and graph refresh;
 `PR_LATE_MUTANTS` for 0.5.21 and 0.5.22, the same design as released later. The PR-era campaigns run `--semantics pr` without the gates that arrived later
 (`LATER_GATES`: a PR-era release publishes under them, which is reported apart); 0.5.23's without HiSparse, whose
-sparse prefill every release gets wrong (`KNOWN_BUG_GATES`). The package is linked into a
+sparse prefill every release gets wrong (`KNOWN_BUG_PATHS`: HiSparse's dense prefill, decode and eviction stay
+drawn). The package is linked into a
 scratch folder, the one file is rewritten there, and `python -m harness run --target sglang` runs with that
 copy first on the path. Prints a table and writes JSON; exit 1 if a mutant survives or the clean copy is
 flagged.
@@ -59,6 +60,7 @@ SCHEDULER = "srt/managers/scheduler.py"
 BUFFER_REGISTRY = "srt/model_executor/cuda_graph_buffer_registry.py"
 METADATA_KERNEL = "kernels/ops/attention/dsv4/metadata_kernel.py"
 DRAFT_GRAPH_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
+POOL = "srt/mem_cache/deepseek_v4_memory_pool.py"
 
 
 @dataclass(frozen=True)
@@ -75,15 +77,11 @@ class SourceMutant:
     # Why the edit changes nothing a run of the path produces (a cost, not a wrong result: no oracle can judge it);
     # then the row is listed, not run. Empty: it changes a result.
     equivalent: str = ""
-    # Why the table's campaigns leave out the input that reaches the edit (there a bug of the release itself makes
-    # the unmutated copy a finding) and which test judges the row on a constructed case instead; then the row is
-    # listed, not run. Empty: its campaigns draw that input.
-    masked: str = ""
 
     @property
     def not_run(self) -> tuple[str, str]:
         """(outcome, reason) of a row listed and not run (one of `NOT_RUN`); ("", "") for a row the campaigns run."""
-        for outcome, reason in zip(NOT_RUN, (self.unreachable, self.equivalent, self.masked)):
+        for outcome, reason in zip(NOT_RUN, (self.unreachable, self.equivalent)):
             if reason:
                 return outcome, reason
         return "", ""
@@ -94,10 +92,7 @@ class SourceMutant:
 
 
 # The outcomes of a row listed with its reason and never run, by the field that gives the reason.
-NOT_RUN = ("UNREACHABLE", "EQUIVALENT", "MASKED")
-MASKED_HISPARSE = ("the campaigns run without HiSparse (`KNOWN_BUG_GATES`: every release's sparse prefill reads the "
-                   "c4 cache at logical slots); judged on a dense-prefill HiSparse case by test_sglang_source_mutants."
-                   "py::test_the_hisparse_gate_deleted_publishes_before_the_per_layer_translations")
+NOT_RUN = ("UNREACHABLE", "EQUIVALENT")
 # Rows of the 0.5.23 table whose edit no DSV4 prefill run of that release reaches (0.5.22 removed the tc_piecewise
 # prefill backend, and DSV4's breakable graph replays its captured metadata): listed with the reason, not run.
 UNREACHABLE_FRESH = ("the runner's fresh-metadata branch (`not self.use_captured_attn_metadata`): DSV4 sets "
@@ -154,8 +149,15 @@ MUTANTS = (
                  "context parallelism takes the global snapshot path"),
     SourceMutant("hisparse_gate_deleted", BACKEND,
                  "        if self.hisparse_coordinator is not None:\n            return SharedReadEnds.UNKNOWN\n", "",
-                 "HiSparse (per-layer translation after the snapshot) resolves PRE_REPLAY",
-                 masked=MASKED_HISPARSE),
+                 "HiSparse (per-layer translation after the snapshot) resolves PRE_REPLAY"),
+    SourceMutant("hisparse_pool_store_untranslated", POOL,
+                 "        freqs_cis: Optional[torch.Tensor] = None,\n    ) -> None:\n"
+                 "        loc = self.translate_loc_to_hisparse_device(loc)\n"
+                 "        return super().set_key_buffer_fused(layer_id, loc, cache_k, freqs_cis)\n",
+                 "        freqs_cis: Optional[torch.Tensor] = None,\n    ) -> None:\n"
+                 "        return super().set_key_buffer_fused(layer_id, loc, cache_k, freqs_cis)\n",
+                 "HiSparse's c4 pool stores a compressed block at its logical slot, not at the device slot its readers "
+                 "translate to (`HiSparseC4DevicePool.set_key_buffer_fused`)"),
     SourceMutant("query_pos_off_by_one", BACKEND,
                  "        query_pos = core_attn_metadata.seq_lens_casual[:num_qo_tokens] - 1\n",
                  "        query_pos = core_attn_metadata.seq_lens_casual[:num_qo_tokens] - 2\n",
@@ -558,10 +560,10 @@ TABLES = {"resolver": MUTANTS, "pr-late": PR_LATE_MUTANTS, "pr-early": PR_EARLY_
 LATER_GATES = "hierarchical_cache,hicache_storage,lmcache,hisparse"
 # A bug of every release (BENCHMARKS.md, section 31): with HiSparse, the sparse prefill gathers the c4 cache at the
 # logical slots of its page table, where the compressor stored it at HiSparse device slots, so a HiSparse case whose
-# blocks moved is a finding on the unmutated copy. The table's campaigns run without HiSparse; the row that edits
-# the HiSparse gate is checked on a constructed dense-prefill case instead
-# (`test_sglang_source_mutants.py::test_the_hisparse_gate_deleted_publishes_before_the_per_layer_translations`).
-KNOWN_BUG_GATES = "hisparse"
+# blocks moved is a finding on the unmutated copy. The table's campaigns leave out that path, not the gate: a
+# HiSparse case prefills dense (`--without hisparse_sparse_prefill`), so the rows that edit HiSparse's gate and its
+# pool's translating store are found by the campaigns.
+KNOWN_BUG_PATHS = "hisparse_sparse_prefill"
 # The releases whose draft-extend graph publishes before its replay, and the server setting their campaigns run under.
 DRAFT_EXTEND_GRAPH_RACE = ("0.5.19", "0.5.20", "0.5.21")
 DRAFT_EXTEND_GRAPH_OFF = {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}
@@ -637,7 +639,7 @@ def campaign(root: Path, name: str, args, out: Path) -> dict:
                "--examples", str(args.examples), "--report-dir", str(report), "--no-shrink", "--jobs", args.jobs] + (
                   ["--no-seeds"] if args.no_seeds else []) + (
                   ["--semantics", "pr", "--without", LATER_GATES] if args.semantics == "pr"
-                  else ["--without", KNOWN_BUG_GATES])
+                  else ["--without", KNOWN_BUG_PATHS])
     began = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -766,10 +768,9 @@ def main() -> int:
     # REFUSED (exit 3, the target cannot be driven, said why) counts as found, as a contract probe does
     killed = sum(r["outcome"] in ("KILLED", "REFUSED") for r in rows)
     ran = [r for r in rows if r["outcome"] not in NOT_RUN]
-    unreachable, equivalent, masked = (sum(r["outcome"] == outcome for r in rows) for outcome in NOT_RUN)
+    unreachable, equivalent = (sum(r["outcome"] == outcome for r in rows) for outcome in NOT_RUN)
     listed = f"{unreachable} unreachable in this release, not run" + (
-        f"; {equivalent} equivalent, not run" if equivalent else "") + (
-        f"; {masked} masked by a bug of the release, not run" if masked else "")
+        f"; {equivalent} equivalent, not run" if equivalent else "")
     print(f"\n{killed}/{len(ran)} source mutants found ({listed}); clean copy: "
           + ("not run (--no-clean)" if args.no_clean else "0 findings"))  # an unclean one returned above
     with open(args.out, "w") as fh:

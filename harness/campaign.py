@@ -339,7 +339,8 @@ class Campaign:
         strategy_options = dict(budget=PROFILE_BUDGETS[config.profile], dims=self.plan.dims,
                                 contracts=self.plan.contracts, uniform_draft_width=self.plan.uniform_draft_width)
         self.cases_drawn = cases(config.semantics, without=self.plan.without, **strategy_options)
-        self.cases_covering = covering_cases(config.semantics, reachable=self.plan.reachable, **strategy_options)
+        self.cases_covering = covering_cases(config.semantics, reachable=self.plan.reachable, without=self.plan.without,
+                                             **strategy_options)
         self.failing: dict[tuple[str, str], CaseResult] = {}  # the failures judged, which hypothesis replays
         self.collected: dict[tuple, tuple[CaseResult, str]] = {}  # keep_going: signature -> (failure, its schedule)
         self.stream_position = 0  # cases of the partitioned pass met before the first detection

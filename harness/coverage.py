@@ -70,6 +70,13 @@ FOLLOWS_PUBLISH = "a publishing batch, publishing nothing"
 FOLLOWS_PLANNED = "a batch with requests, idle"
 _PREFILL_REPLAYS = (ForwardMode.EXTEND, ForwardMode.MIXED)
 
+# How a HiSparse prefill batch reads the c4 cache, which HiSparse keeps at device slots of its own (a smaller pool,
+# handed out from its own free list, so a device slot is not the logical one): the sparse prefill through its chunk
+# cache, gathered from the page table; the dense prefill through the indexer's top-k, translated to device slots.
+# Only a batch that has a c4 block to read reaches either: a ratio-4 layer, a request of 4 tokens or more.
+HISPARSE_READS = ("sparse prefill", "dense prefill")
+C4_RATIO = 4
+
 
 DIMENSIONS = {
     "mode": tuple(m.name for m in ForwardMode),
@@ -85,6 +92,7 @@ DIMENSIONS = {
     "tokens": TOKEN_DECADES,
     "carry": CARRIES,
     "follows": (FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, FOLLOWS_PLANNED),
+    "hisparse c4 read": HISPARSE_READS,
 }
 _BUCKETS = frozenset(generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS))
 
@@ -137,6 +145,12 @@ def decade(num_tokens: int) -> str:
     return TOKEN_DECADES[min(len(str(max(num_tokens, 1))) - 1, len(TOKEN_DECADES) - 1)]
 
 
+def reads_c4_blocks(case: Case, batch) -> bool:
+    """Whether a prefill batch of `case` has a c4 block to read: a ratio-4 layer, a request of a block or more."""
+    return (batch.mode in _PREFILL_REPLAYS and C4_RATIO in case.dims.layer_ratios
+            and any(r.prefix_len + r.extend_len >= C4_RATIO for r in batch.requests))
+
+
 def batch_shapes(case: Case) -> list[dict[str, str]]:
     """One shape per (batch, mutation kind) of the case; a batch without mutations has none."""
     shapes, replayed, sparse_replay, last_bucket = [], set(), {}, None
@@ -170,7 +184,9 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
                   "publish": "publish" if publishes else "no publish", "gate": gate(case),
                   "attention": "sparse" if sparse else "dense", "edge": edge(batch.num_tokens),
                   "tokens": decade(batch.num_tokens) if batch.requests else "", "carry": carried,
-                  "follows": follows}
+                  "follows": follows,
+                  "hisparse c4 read": HISPARSE_READS[not sparse]
+                  if case.flags.hisparse and reads_c4_blocks(case, batch) else ""}
         for kind in dict.fromkeys(m.kind for m in batch.mutations) or ("",):
             shapes.append({**common, "mutation": kind})
     return shapes

@@ -28,17 +28,19 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
-from harness.coverage import (BUCKET_EDGES, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH,
-                             RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry, edge, runner)
+from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED,
+                             FOLLOWS_PUBLISH, HISPARSE_READS, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry,
+                             edge, runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
 from harness.policy import graph_bucket
 from harness.semantics import Semantics
-from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, REPLAYABLE, THRESHOLD_DIMS, batch,
-                                flags, for_target, large_dims, publishes, skewed_requests, small_dims)
+from harness.strategies import (ANY_REQUESTS, BUCKETS, DECADES, DELAYS, KV_OFFLOAD, LAYERS, REPLAYABLE, THRESHOLD_DIMS,
+                                batch, flags, for_target, large_dims, publishes, skewed_requests, small_dims,
+                                without_paths)
 
-FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 68 values; a case reaches ten or so)
+FIRST_CASES = 40  # the most cases the coverage-first phase keeps (the table has 70 values; a case reaches ten or so)
 # The gates of the table and the switch that closes each (READ_DONE off and open need none).
 GATE_SWITCHES = {"coarse barrier": "SGLANG_FORCE_COARSE_WAR_BARRIER", "cp_active": "cp_active", "hisparse": "hisparse",
                  **{name: name for name in KV_OFFLOAD}}
@@ -49,6 +51,9 @@ _REUSING_MODES = [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VER
 # the replayable requests' are.
 _PADDABLE = REPLAYABLE.filter(lambda reqs: sum(r.extend_len for r in reqs) >= 3)
 _FEWER_PREFIX = 48
+# A small case with a c4 block to read: a ratio-4 layer, a request of a block or more.
+_C4_LAYERS = [layers for layers in LAYERS if C4_RATIO in layers]
+_C4_REQUESTS = ANY_REQUESTS.filter(lambda reqs: any(r.prefix_len + r.extend_len >= C4_RATIO for r in reqs))
 # Modes that never publish, each with requests whose tables the scheduler may rewrite.
 _QUIET_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
@@ -68,7 +73,8 @@ class Aim:
     `fewer`: a second replay, an EXTEND batch of fewer live tokens than the first and padded, so its padded rows are
     rows the first had live; `then`: a second batch of one of these modes (drawn, as is whether it replays);
     `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
-    drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn)."""
+    drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn); `c4_block`: a small first batch
+    with a c4 block to read (`coverage.reads_c4_blocks`)."""
 
     closed: str = "open"
     spec: Optional[SpeculativeAlgorithm] = None
@@ -84,18 +90,24 @@ class Aim:
     kinds: tuple[str, ...] = MUTATION_KINDS
     sparse: Optional[bool] = None
     contract: str = "fresh"
+    c4_block: bool = False
 
 
 def unreachable(*, without: frozenset[str], cannot_run: frozenset[str],
                 contracts: tuple[str, ...] = GRAPH_CONTRACTS) -> dict[Value, str]:
     """The values no case of a campaign can have, each with why: a gate whose switch it never turns on (--without,
-    or a switch the target cannot run), HiSparse's eviction without HiSparse, a graph contract the target lacks."""
+    or a switch the target cannot run), HiSparse's eviction and c4 reads without HiSparse (its sparse prefill's
+    without that path), a graph contract the target lacks."""
     def off(switch: str) -> Optional[str]:
         return (f"the target cannot run {switch}" if switch in cannot_run
                 else f"--without {switch}" if switch in without else None)
 
     reasons = {Value("gate", name): off(switch) for name, switch in GATE_SWITCHES.items()}
-    reasons[Value("mutation", "hisparse_evict")] = off("hisparse") and f"needs hisparse: {off('hisparse')}"
+    no_hisparse = off("hisparse") and f"needs hisparse: {off('hisparse')}"
+    for value in (Value("mutation", "hisparse_evict"), *(Value("hisparse c4 read", read) for read in HISPARSE_READS)):
+        reasons[value] = no_hisparse
+    if "hisparse_sparse_prefill" in without and not no_hisparse:
+        reasons[Value("hisparse c4 read", HISPARSE_READS[0])] = "--without hisparse_sparse_prefill"
     lacks = {c: f"the target replays its prefill graph under {' and '.join(contracts)} only"
              for c in GRAPH_CONTRACTS if c not in contracts}
     reasons.update({Value("contract", c): reason for c, reason in lacks.items()})
@@ -146,11 +158,11 @@ class CoverageFirst:
 
 def covering_cases(semantics: str, *, budget: int, reachable: tuple[Value, ...],
                    dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS,
-                   uniform_draft_width: bool = False):
-    """Cases each aimed at one of `reachable` (drawn), at the target's sizes, graph contracts and draft width
-    (`cases`)."""
-    return for_target(st.sampled_from(reachable).flatmap(
-        functools.partial(aimed_at, semantics=Semantics(semantics), budget=budget)), dims, contracts,
+                   uniform_draft_width: bool = False, without: frozenset[str] = frozenset()):
+    """Cases each aimed at one of `reachable` (drawn), at the target's sizes, graph contracts and draft width,
+    taking none of the paths `without` names (`cases`; its gates' values are not among `reachable`)."""
+    return for_target(without_paths(st.sampled_from(reachable).flatmap(
+        functools.partial(aimed_at, semantics=Semantics(semantics), budget=budget)), without), dims, contracts,
         uniform_draft_width)
 
 
@@ -170,7 +182,10 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
         f = replace(f, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=aim.sparse)
     spec = aim.spec or draw(st.sampled_from([s for s in SpeculativeAlgorithm
                                              if publishes(s, semantics) != (closed == "spec")]))
-    if aim.tokens is None:
+    if aim.c4_block:
+        dims = replace(draw(small_dims()), layer_ratios=draw(st.sampled_from(_C4_LAYERS)))
+        reqs = draw(_C4_REQUESTS)
+    elif aim.tokens is None:
         dims, reqs = draw(small_dims()), draw(_PADDABLE if aim.fewer else REPLAYABLE if aim.graph else ANY_REQUESTS)
     else:
         total = draw(aim.tokens)
@@ -272,4 +287,7 @@ _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {
     # EXTEND batch (the one that would read a kept cache) replays again, at once or after another bucket's replay
     "carry": lambda value, semantics, budget: (_CARRIES[value],),
     "follows": lambda value, semantics, budget: (_FOLLOWS[value],),
+    # an eager HiSparse prefill (the batch a target runs through its own backend) with a c4 block to read
+    "hisparse c4 read": lambda value, semantics, budget: (Aim(closed="hisparse", sparse=value == HISPARSE_READS[0],
+                                                              c4_block=True),),
 }

@@ -87,7 +87,7 @@ _MODES = [ForwardMode.EXTEND] * 8 + [ForwardMode.MIXED] * 4 + [ForwardMode.DECOD
                                                                ForwardMode.DRAFT_EXTEND, ForwardMode.IDLE]
 _SECOND_MODES = [ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.MIXED, ForwardMode.DECODE,
                  ForwardMode.TARGET_VERIFY]
-_LAYERS = [(0, 4, 128), (0, 4), (4,), (0,), (128, 0)]
+LAYERS = [(0, 4, 128), (0, 4), (4,), (0,), (128, 0)]
 
 
 def _switched_on(draw, groups: dict) -> set:
@@ -218,7 +218,7 @@ def large_dims(draw, total: int, budget: int) -> Dims:
     """Sizes for a big batch: SGLang's page size 256 (or 64, 128; small pages make the per-row page
     table the cost), window and top-k small or SGLang's 128 and 512, and as many layers and heads as
     the budget leaves."""
-    layers = draw(st.sampled_from([lr for lr in _LAYERS if total * len(lr) <= budget] or [(0,)]))
+    layers = draw(st.sampled_from([lr for lr in LAYERS if total * len(lr) <= budget] or [(0,)]))
     head_options = [h for h in (1, 2, 64) if total * len(layers) * h <= budget] or [1]
     heads = draw(st.sampled_from(head_options))
     return Dims(heads=heads, head_dim=512 if heads == 64 else draw(st.sampled_from([4, 8])),
@@ -233,7 +233,7 @@ def small_dims(draw) -> Dims:
     return Dims(
         heads=draw(st.sampled_from([1, 2])), head_dim=draw(st.sampled_from([4, 8])),
         swa_window=draw(st.sampled_from([4, 8, 16])), index_topk=draw(st.sampled_from([2, 4])),
-        index_dim=4, page_size=draw(st.sampled_from([1, 2, 4, 8, 16])), layer_ratios=draw(st.sampled_from(_LAYERS)),
+        index_dim=4, page_size=draw(st.sampled_from([1, 2, 4, 8, 16])), layer_ratios=draw(st.sampled_from(LAYERS)),
     )
 
 
@@ -260,13 +260,36 @@ def cases(semantics: str = "0.5.23", *, large: bool = True, budget: int = PROFIL
           contracts: tuple[str, ...] = GRAPH_CONTRACTS, uniform_draft_width: bool = False):
     """Cases; `large` lets some examples reach SGLang's sizes (the threshold, the bucket edges, every
     decade of tokens) within `budget` (tokens x layers x heads); `without`: switches never turned on (the
-    target's `cannot_run`); `dims`: (field, value) pairs every case's `Dims` takes (the target's
-    `fixed_dims`); `contracts`: the graph contracts the target has (its `graph_contracts`);
-    `uniform_draft_width`: an EAGLE-family case's verify and draft-extend requests at one width (the target's
-    `uniform_draft_width`). All are set after the draw, so the choices drawn, and a target's stream, stay those of
-    the default ones."""
-    return for_target(_cases(semantics, large=large, budget=budget, without=without), dims, contracts,
-                      uniform_draft_width)
+    target's `cannot_run`) and paths under one never taken (`Flags.PATHS`); `dims`: (field, value) pairs every
+    case's `Dims` takes (the target's `fixed_dims`); `contracts`: the graph contracts the target has (its
+    `graph_contracts`); `uniform_draft_width`: an EAGLE-family case's verify and draft-extend requests at one width
+    (the target's `uniform_draft_width`). All are set after the draw, so the choices drawn, and a target's stream,
+    stay those of the default ones."""
+    return for_target(without_paths(_cases(semantics, large=large, budget=budget, without=without), without),
+                      dims, contracts, uniform_draft_width)
+
+
+def takes_hisparse_sparse_prefill(case: Case) -> bool:
+    """Whether a batch of `case` may prefill sparse under HiSparse: the sparse-prefill switch on, or a batch past
+    SGLang's sparse threshold, in a HiSparse case."""
+    return case.flags.hisparse and (case.flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL or any(
+        b.num_tokens > LARGE_INDEXER_QUERY_THRESHOLD for b in case.batches))
+
+
+def dense_under_hisparse(case: Case) -> Case:
+    """`case` with the sparse-prefill switch off where HiSparse is on (`--without hisparse_sparse_prefill`)."""
+    if not case.flags.hisparse:
+        return case
+    return replace(case, flags=replace(case.flags, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False))
+
+
+def without_paths(drawn, without: frozenset[str]):
+    """Cases of `drawn` that take no path `without` names (`Flags.PATHS`), mapped only where it names one, so that a
+    default campaign's strategy stays the one it draws: a HiSparse case with the sparse-prefill switch off, and one
+    whose batch is past the sparse threshold drawn again."""
+    if "hisparse_sparse_prefill" not in without:
+        return drawn
+    return drawn.map(dense_under_hisparse).filter(lambda case: not takes_hisparse_sparse_prefill(case))
 
 
 def for_target(drawn, dims: tuple[tuple[str, object], ...], contracts: tuple[str, ...],
@@ -407,7 +430,8 @@ SEED_DELAY_CYCLES = 50_000_000  # about 25 ms on an H200: the race gates' deadli
 def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
                dims: tuple[tuple[str, object], ...] = (), contracts: tuple[str, ...] = GRAPH_CONTRACTS) -> list[Case]:
     """The protocol's shapes (reference notes, section 6), tried before anything is drawn; `without`: leave out
-    the cases that turn one of these switches on (the target's `cannot_run`); `dims`, `contracts`: the target's
+    the cases that turn one of these switches on (the target's `cannot_run`), and take none of these paths (a
+    HiSparse seed then prefills dense); `dims`, `contracts`: the target's
     fixed sizes and graph contracts (`cases`).
 
     Random drawing reaches each of these, but only some of the time; a campaign that must not miss a
@@ -443,5 +467,7 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
              flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
              spec=S.DFLASH, dims=Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,), index_align=8)),
     ]
+    if "hisparse_sparse_prefill" in without:
+        shapes = [c for c in map(dense_under_hisparse, shapes) if not takes_hisparse_sparse_prefill(c)]
     return [with_contract(with_dims(c, dims), contracts) for c in shapes
-            if not any(getattr(c.flags, name) for name in without)]
+            if not any(getattr(c.flags, name) for name in without if name in Flags.GATES)]

@@ -68,7 +68,7 @@ def marked_by(keys: dict[str, str]) -> Callable[[Any], str | None]:
 # -- summary.json: harness/campaign.py CampaignResult.summary, the fields harness/commands/run.py adds, and
 #    reports/merge.py merge_summaries; also replay-summary.json and a triage's campaign -------------------
 
-Gate = Literal[Flags.GATES]
+Gate = Literal[Flags.GATES + Flags.PATHS]
 
 
 class FirstDetection(Record):
@@ -220,7 +220,7 @@ class Summary(Record):
     duration_s: float
     findings: list[Finding]
     target_description: str | None = None  # what exactly is under test: a package's version and its adapter
-    without: list[Gate] | None = None  # gate switches never drawn
+    without: list[Gate] | None = None  # gate switches never drawn, paths under one never taken
     mutant: str | None = None
     seed: int | None = None
     profile: str | None = None

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.case import Batch, Request
 from harness.model.enums import ForwardMode
-from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, VALUES, Coverage,
-                             Value, describe, merge_tables, values)
+from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, HISPARSE_READS,
+                             VALUES, Coverage, Value, describe, merge_tables, values)
 from harness.covering import CoverageFirst, covering_cases, padded_counts_below, unreachable
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
@@ -173,6 +173,27 @@ def test_what_a_batch_follows_a_larger_replay_a_publish_or_a_planned_batch_is_wh
     assert padded_counts_below(5) == [2, 3] and padded_counts_below(2) == []
 
 
+def test_a_hisparse_prefill_with_a_c4_block_is_a_c4_read_of_its_attention_path():
+    """The read HiSparse moves to device slots: a prefill batch's (EXTEND or MIXED) c4 read, sparse or dense as the
+    batch's attention is, where the case has a ratio-4 layer and a request has a c4 block (4 tokens); nothing
+    without HiSparse, without a ratio-4 layer, without a block, or in a decode step."""
+    extend, _ = seed_cases("0.5.23")[:2]
+    hisparse = dataclasses.replace(extend.flags, hisparse=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False)
+
+    def reads(*batches, flags=hisparse, layers=(0, 4, 128)):
+        case = dataclasses.replace(extend, flags=flags, batches=batches,
+                                   dims=dataclasses.replace(extend.dims, layer_ratios=layers))
+        return [value.value for value in values(case) if value.dimension == "hisparse c4 read"]
+
+    block, short = Batch(requests=(Request(0, 1), Request(3, 1))), Batch(requests=(Request(0, 3), Request(2, 1)))
+    sparse = dataclasses.replace(hisparse, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=True)
+    assert reads(block) == ["dense prefill"] and reads(block, flags=sparse) == ["sparse prefill"]
+    assert reads(dataclasses.replace(block, mode=ForwardMode.MIXED), flags=sparse) == ["dense prefill"]
+    assert reads(short, flags=sparse) == [] and reads(block, layers=(0, 128)) == []
+    assert reads(block, flags=extend.flags) == []
+    assert reads(dataclasses.replace(block, mode=ForwardMode.DECODE), flags=sparse) == []
+
+
 class _BreakableOnlyWithoutCp(ReferenceTarget):
     """A target like a release that replays its prefill graph under the breakable contract only and cannot run CP."""
 
@@ -189,6 +210,7 @@ def test_a_value_the_campaign_cannot_draw_is_named_unreachable_with_the_reason()
         "carry": {f"fresh: {order}": "the target replays its prefill graph under bcg only" for order in CARRY_ORDERS},
         "gate": {"cp_active": "the target cannot run cp_active", "hisparse": "--without hisparse"},
         "mutation": {"hisparse_evict": "needs hisparse: --without hisparse"},
+        "hisparse c4 read": {read: "needs hisparse: --without hisparse" for read in HISPARSE_READS},
     }
     never = {(name, value) for name, reasons in coverage["unreachable"].items() for value in reasons}
     assert all(coverage["dimensions"][name][value] == 0 for name, value in never)  # no case drew one

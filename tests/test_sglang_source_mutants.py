@@ -158,9 +158,9 @@ def test_a_padded_draft_extend_bucket_reading_another_requests_row_is_an_undecla
 
 
 def test_the_hisparse_gate_deleted_publishes_before_the_per_layer_translations():
-    """The row the table's campaigns leave out (`MASKED_HISPARSE`: they run without HiSparse, whose sparse prefill
-    every release gets wrong) judged on a constructed case: a HiSparse EXTEND batch with dense prefill while the
-    scheduler evicts HiSparse entries. With 0.5.23's gate deleted, the resolver declares its reads over before the
+    """The row's finding on a constructed case (the table's campaigns find it too, drawing HiSparse cases that
+    prefill dense: `KNOWN_BUG_PATHS`): a HiSparse EXTEND batch with dense prefill while the scheduler evicts
+    HiSparse entries. With 0.5.23's gate deleted, the resolver declares its reads over before the
     layers translate through full_to_hisparse (the compressor's store, the indexer's translation): a race naming
     SGLang's line. The unmutated release replays it clean."""
     table = load_table()

@@ -30,12 +30,13 @@ def check_target_semantics(target, value: str, name: str = "--semantics") -> str
 
 
 def parse_without(value: str) -> frozenset[str]:
-    """`--without`: comma-separated gate switches a campaign never turns on (empty: none)."""
+    """`--without`: comma-separated gate switches a campaign never turns on, or paths under a gate it never takes
+    (`Flags.PATHS`; empty: none)."""
     names = frozenset(name.strip() for name in value.split(",") if name.strip())
-    unknown = sorted(names - set(Flags.GATES))
+    unknown = sorted(names - set(Flags.GATES + Flags.PATHS))
     if unknown:
-        raise InvalidArgument(f"--without={value!r}: {', '.join(unknown)} is not a gate switch; allowed: "
-                              f"{', '.join(Flags.GATES)}")
+        raise InvalidArgument(f"--without={value!r}: {', '.join(unknown)} is not a gate switch or a path under one; "
+                              f"allowed: {', '.join(Flags.GATES + Flags.PATHS)}")
     return names
 
 

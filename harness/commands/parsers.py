@@ -76,7 +76,8 @@ def add_run(sub) -> None:
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
     parser.add_argument("--without", default="", metavar="GATE[,GATE]",
                         help="gate switches the campaign never turns on (a deployment without HiCache, say): "
-                             f"{', '.join(Flags.GATES)}")
+                             f"{', '.join(Flags.GATES)}; or a path under a gate it never takes (a release's known "
+                             f"bug there): {', '.join(Flags.PATHS)} (a HiSparse case prefills dense)")
     parser.add_argument("--keep-going", type=integer(1, MAX_EXAMPLES), default=1, metavar="N",
                      help="collect up to N distinct failures (by oracle, kind and location), each shrunk, before "
                           "stopping")
