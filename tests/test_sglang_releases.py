@@ -33,6 +33,7 @@ from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.model_runner import SglangModelRunner  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
+from harness.sglang_target.real_graph import RealGraphs  # noqa: E402
 from harness.sglang_target.server import DSV4_ARCHITECTURES  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets import TargetSpec  # noqa: E402
@@ -415,6 +416,31 @@ def test_a_hisparse_decode_runs_the_harness_layers(target, harness_device, monke
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     assert calls["init_forward_metadata"] == 3 and harness_fills["_fresh_metadata"] > 0, (calls, harness_fills)
+
+
+@pytest.mark.parametrize("capture_step", [True, False], ids=["as-captured", "capture-step-skipped"])
+def test_a_hisparse_replay_runs_the_releases_own_capture_and_forward(target, harness_device, monkeypatch,
+                                                                      capture_step):
+    """A HiSparse case's prefill replays go through SGLang's own start-up capture, replay prep and forward (dense
+    prefill: its sparse prefill is the bug above). The capture runs DSV4's indexer once, whose HiSparse step re-binds
+    the captured metadata's c4 page indices to its translation; every replay's attention reads there
+    (`RealGraphs.capture_hisparse_indexer`). Without that step the attention reads the top-k at logical slots: the
+    float64 oracle reports the ratio-4 layers."""
+    if not capture_step:
+        monkeypatch.setattr(RealGraphs, "capture_hisparse_indexer", lambda self, held, metadata: None)
+    first, again = (Batch(requests=reqs, graph=True, mutations=mutations) for reqs, mutations in (
+        ((Request(9, 6), Request(2, 3)), (Mutation("hisparse_evict", target="other", count=3),)),
+        ((Request(30, 5), Request(7, 4)), (REWRITE,))))
+    case = dataclasses.replace(_hisparse_prefill(target, sparse=False), batches=(first, again))
+    captures = _counting(monkeypatch, RealGraphs, ("captured",))
+    harness_fills = _counting(monkeypatch, SglangModelRunner, ("_fresh_metadata",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert captures["captured"] > 0 and harness_fills["_fresh_metadata"] == 0, (captures, harness_fills)
+    if capture_step:
+        assert result.findings == [], [f.message for f in result.findings]
+    else:
+        wrong = [f.message for f in result.findings if (f.oracle, f.kind) == ("float64", "attention-mismatch")]
+        assert wrong and all("(ratio 4)" in message for message in wrong), [f.message for f in result.findings]
 
 
 def test_a_later_gate_the_release_lacks_is_reported_not_hidden(target, harness_device):

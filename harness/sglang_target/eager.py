@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 from unittest import mock
 
 import torch
@@ -160,7 +160,8 @@ class EagerPath:
                           device=self.device.torch_device)
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
         segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
-            _Segments(captured.metadata, captured.compressed_new, captured.index_k_new, graph=True)
+            _Segments(captured.metadata, captured.compressed_new, captured.index_k_new, graph=True,
+                      c4_device_indices=captured.c4_device_indices)
         with self.sglang():
             sparse = self.mr.use_sparse_prefill(forward_batch, rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
@@ -236,7 +237,7 @@ class EagerPath:
             slots = (page * per_page + blocks % per_page).clamp(min=0) * 4
             scores = (indexer_k[slots] * q_index[:, None, :]).sum(-1)
             with self.sglang():
-                real.c4_top_k(metadata, scores * _TIE_BREAK - blocks)
+                real.c4_top_k(metadata, scores * _TIE_BREAK - blocks, segments.c4_device_indices)
 
         reads = {"indexer_k": None, **self._named("meta")}
         if real.hisparse:  # the indexer's HiSparse step translates the page indices (`RealDsv4.c4_top_k`)
@@ -305,12 +306,14 @@ class EagerPath:
 @dataclasses.dataclass(frozen=True)
 class _Segments:
     """What a layer's compressor store and indexer read: the batch's metadata and model inputs, or in a graph's
-    replay the bucket's captured metadata and static inputs (`graph`)."""
+    replay the bucket's captured metadata and static inputs (`graph`), and with HiSparse the tensor its indexer's
+    translation writes (`CapturedBucket.c4_device_indices`)."""
 
     metadata: Any
     compressed_new: torch.Tensor
     index_k_new: torch.Tensor
     graph: bool = False
+    c4_device_indices: Optional[torch.Tensor] = None
 
     @property
     def prefix(self) -> str:

@@ -1,7 +1,7 @@
 """The prefill graph runner of `--target sglang`: SGLang's `PrefillCudaGraphRunner`, and what the harness keeps of
 the graphs it captures.
 
-Where a case's batches run the release's backend for real (no CP, no HiSparse: `SglangModelRunner.real_case`) and
+Where a case's batches run the release's backend for real (no CP: `SglangModelRunner.captures_real`) and
 the case replays the breakable graph (`bcg`), the runner is SGLang's, built by its
 own `__init__` as a server builds it at start-up: the phase's configuration from the published server (the
 breakable backend, `cuda_graph_config.prefill.bs`), its bounds and static buffers, the static-buffer registry,
@@ -24,7 +24,7 @@ each the CUDA-graph machinery of a server process that one process without a mod
   ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
   server's largest buckets. A case that replays nothing captures the smallest bucket.
 
-For a case whose replays do not run the real backend (CP or HiSparse on: `SglangModelRunner.real_case`), the
+For a case whose replays do not run the real backend (CP on: `SglangModelRunner.captures_real`), the
 runner object is built with the fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's
 replay first asks for it (`CapturedGraphs`). Every batch of the real path's case that the prefill graph replays runs
 the real backend (a draft-extend batch's target part is a verify, which the runner refuses). No release replays
@@ -176,7 +176,7 @@ class SglangPrefillGraphRunner:
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
         self.graphs = CapturedGraphs(model_runner)
         # SGLang captures the buckets the real path replays (`replays_real`) at start-up
-        if model_runner.real_case:
+        if model_runner.captures_real:
             self.runner = self.sglang_built_runner()
         else:
             self.real = None

@@ -443,11 +443,20 @@ class SglangModelRunner:
 
     @property
     def real_case(self) -> bool:
-        """Whether every batch of the case that may run SGLang's metadata init and forward does, graph replays and
-        EAGLE's draft model included: without CP (one process cannot run its ranks' layout) or HiSparse (its decode
-        swaps pages in through the HiSparse coordinator, whose host pool the harness does not run)."""
+        """Whether every batch of the case that may run SGLang's metadata init and forward does, EAGLE's draft model
+        included (`session.SglangSession.draft_runner`): without CP (one process cannot run its ranks' layout) or
+        HiSparse (its decode swaps pages in through the HiSparse coordinator, whose host pool the harness does not
+        run)."""
         flags = self.case.flags
         return not flags.cp_active and not flags.hisparse
+
+    @property
+    def captures_real(self) -> bool:
+        """Whether the case's prefill graphs are SGLang's own start-up capture (`graph_runner.sglang_built_runner`):
+        without CP. A HiSparse case's too: the prefill graph runner replays EXTEND and MIXED batches only, which a
+        HiSparse case runs for real (its decode goes to the decode graph runner, not this one); the capture's
+        HiSparse indexer step is kept (`real_graph.RealGraphs.capture_hisparse_indexer`)."""
+        return not self.case.flags.cp_active
 
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
@@ -465,8 +474,8 @@ class SglangModelRunner:
         """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
         run for real eagerly, replayed by the breakable graph with DSV4's captured metadata (`bcg`, the one
         contract the target replays: `SglangApi.graph_contracts`), in a case whose start-up capture is SGLang's
-        (`real_case`)."""
-        return self.real_case and self.runs_real(fb)
+        (`captures_real`)."""
+        return self.captures_real and self.runs_real(fb)
 
     def use_sparse_prefill(self, forward_batch, rows: int) -> bool:
         """Whether the forward of `rows` query rows takes sparse prefill: SGLang's own dispatch where the release

@@ -339,12 +339,14 @@ class RealDsv4:
             rows = (fields[:, 1] & 0xFFFF).long()
         return rows, backend._get_out_loc(ratio)[rows]
 
-    def c4_top_k(self, metadata, scores: torch.Tensor) -> None:
+    def c4_top_k(self, metadata, scores: torch.Tensor, device_indices: Optional[torch.Tensor] = None) -> None:
         """The indexer's last step for the c4 layers, as `forward_c4_indexer` runs it with the torch top-k
         backend: `topk_transform_pytorch_vectorized` over the harness's scores [rows, >= max c4 length] writes
         `metadata`'s `c4_sparse_page_indices` and `c4_sparse_raw_indices` in place; with HiSparse, then its branch
         for a batch that is not a decode (the target never runs a decode of a HiSparse case here: that branch swaps
-        pages in through the HiSparse coordinator), the page indices re-bound to their device slots."""
+        pages in through the HiSparse coordinator), the page indices re-bound to their device slots; in a graph's
+        replay (`device_indices`: the tensor the capture re-bound them to) the translation written there, as the
+        captured kernel writes its recorded output."""
         indexer = importlib.import_module(_INDEXER)
         core, index = metadata.core_attn_metadata, metadata.indexer_metadata
         rows = scores.shape[0]
@@ -356,9 +358,14 @@ class RealDsv4:
                                           index.c4_page_size)
         transform(scores, lens[:rows], index.page_table[:rows], core.c4_sparse_page_indices[:rows], page_size,
                   None if core.c4_sparse_raw_indices is None else core.c4_sparse_raw_indices[:rows])  # decode keeps none
-        if self.hisparse:  # the indexer's HiSparse step outside decode: the page indices to device slots, re-bound
-            core.c4_sparse_page_indices = self.pool.c4_kv_pool.translate_loc_to_hisparse_device(
-                core.c4_sparse_page_indices).to(torch.int32)
+        if not self.hisparse:
+            return
+        # the indexer's HiSparse step outside decode: the page indices to device slots
+        translated = self.pool.c4_kv_pool.translate_loc_to_hisparse_device(core.c4_sparse_page_indices).to(torch.int32)
+        if device_indices is None:
+            core.c4_sparse_page_indices = translated
+        else:
+            device_indices.copy_(translated)
 
     # -- readers for the oracles ---------------------------------------------------------------------
 

@@ -56,11 +56,14 @@ def bound_at_capture(value: Any, depth: int = _CAPTURE_DEPTH) -> Any:
 @dataclasses.dataclass
 class CapturedBucket:
     """What the captured graph of one bucket holds: the captured metadata as bound at capture, and the static
-    model inputs (the harness model's compressed latents and indexer keys for the bucket's rows)."""
+    model inputs (the harness model's compressed latents and indexer keys for the bucket's rows); with HiSparse,
+    `c4_device_indices`: the tensor the capture's indexer re-bound the captured metadata's c4 page indices to
+    (`RealGraphs.captured`), which the graph's translation writes on every replay."""
 
     metadata: Any
     compressed_new: torch.Tensor | None = None
     index_k_new: torch.Tensor | None = None
+    c4_device_indices: torch.Tensor | None = None
 
 
 def bucket_of(shape_key) -> int:
@@ -103,12 +106,30 @@ class RealGraphs:
         return held
 
     def captured(self, shape_key) -> None:
-        """The graph backend's `capture_one`: the metadata SGLang just planned for the bucket, as captured."""
+        """The graph backend's `capture_one`: the metadata SGLang just planned for the bucket, as captured. With
+        HiSparse, what the capture's run of the indexer leaves behind too: its HiSparse step (`forward_c4_indexer`,
+        outside a decode) re-binds the metadata's `c4_sparse_page_indices` to the translation's output, a tensor
+        of the graph's own; the captured metadata keeps it (the replay's refresh neither copies nor re-binds that
+        field: "produced in-graph before the attention graph break reads it"), so the attention of every replay
+        reads there, and the graph's captured top-k still writes the tensor the capture bound."""
         planned, bucket = self.runner.attn_metadata_buffers or {}, bucket_of(shape_key)
         metadata = planned.get(shape_key, planned.get(bucket))  # 0.5.19 keys it by the token count, not the ShapeKey
         if metadata is None:
             raise RuntimeError(f"capture of {shape_key}: SGLang planned no captured metadata for it")
-        self.buckets[bucket] = CapturedBucket(bound_at_capture(metadata))
+        held = CapturedBucket(bound_at_capture(metadata))
+        if self.mr.eager.real.hisparse:
+            self.capture_hisparse_indexer(held, metadata)
+        self.buckets[bucket] = held
+
+    def capture_hisparse_indexer(self, held: CapturedBucket, metadata) -> None:
+        """The capture's HiSparse indexer step (`captured`): the metadata's c4 page indices re-bound to their
+        translation, which the bucket keeps as the tensor every replay's translation writes."""
+        core = metadata.core_attn_metadata
+        if core.c4_sparse_page_indices is None:  # no c4 layer
+            return
+        held.c4_device_indices = self.mr.eager.real.pool.c4_kv_pool.translate_loc_to_hisparse_device(
+            core.c4_sparse_page_indices).to(torch.int32)
+        core.c4_sparse_page_indices = held.c4_device_indices
 
     def load_inputs(self, bucket: int, padded) -> None:
         load_static_inputs(self.mr.harness_device, self.buckets[bucket], padded)

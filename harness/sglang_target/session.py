@@ -13,7 +13,8 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   0.5.22) and chunk-cache build, and per layer its `forward` (store, sparse or dense attention), with only compiled
   code stood in (`real_backend.py`, `eager.py`; on CUDA SGLang's JIT kernels compile and run, FlashMLA is stood in
   where its wheel does not load).
-  Such a batch of a case without HiSparse replayed by the breakable graph (`bcg`) does too: SGLang's
+  Such a batch replayed by the breakable graph (`bcg`) does too (a HiSparse case's included, with the capture's
+  HiSparse indexer step kept: `real_graph.RealGraphs.capture_hisparse_indexer`): SGLang's
   `PrefillCudaGraphRunner`, built by its
   own `__init__`, captures the bucket at start-up (`capture_one_shape`, the backend's capture init) and refreshes
   it per replay (the backend's own prep), the captured segments read what the capture bound (`graph_runner.py`,
@@ -26,7 +27,7 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
-- every batch of a CP case, and a HiSparse case's decode batches and replays, run the harness's
+- every batch of a CP case, and a HiSparse case's decode batches, run the harness's
   metadata and layers over the same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
   SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
@@ -91,7 +92,7 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
   segments of `real_graph.py`; its `capture_one` keeps what a graph holds. On the real path the runner is built
   by SGLang's `__init__` and captures at start-up the buckets the case pads to, with the CUDA-graph machinery
-  stood in (`graph_runner.py` lists each piece); on the other path (a CP or HiSparse case) the runner is built
+  stood in (`graph_runner.py` lists each piece); on the other path (a CP case) the runner is built
   with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks for it;
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
