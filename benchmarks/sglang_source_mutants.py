@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
+from harness.case import Flags
 from harness.sglang_target.generations import RELEASED
 
 BACKEND = "srt/layers/attention/deepseek_v4_backend.py"
@@ -563,7 +564,7 @@ LATER_GATES = "hierarchical_cache,hicache_storage,lmcache,hisparse"
 # blocks moved is a finding on the unmutated copy. The table's campaigns leave out that path, not the gate: a
 # HiSparse case prefills dense (`--without hisparse_sparse_prefill`), so the rows that edit HiSparse's gate and its
 # pool's translating store are found by the campaigns.
-KNOWN_BUG_PATHS = "hisparse_sparse_prefill"
+KNOWN_BUG_PATHS = Flags.HISPARSE_SPARSE_PREFILL
 # The releases whose draft-extend graph publishes before its replay, and the server setting their campaigns run under.
 DRAFT_EXTEND_GRAPH_RACE = ("0.5.19", "0.5.20", "0.5.21")
 DRAFT_EXTEND_GRAPH_OFF = {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}

@@ -94,7 +94,8 @@ class Flags:
     # Paths under a gate that `--without` may leave out instead of the whole gate: where a release has a known bug on
     # one path (every release's sparse prefill under HiSparse reads the c4 cache at logical slots), leaving the gate
     # out would lose the gate's other paths too. `hisparse_sparse_prefill`: a HiSparse case prefills dense.
-    PATHS = ("hisparse_sparse_prefill",)
+    HISPARSE_SPARSE_PREFILL = "hisparse_sparse_prefill"
+    PATHS = (HISPARSE_SPARSE_PREFILL,)
 
     def prefill_read_done_enabled(self, semantics: Semantics) -> bool:
         """Unset: the semantics' default (`Semantics.read_done_by_default`)."""

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims
+from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims, Flags
 from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED,
                              FOLLOWS_PUBLISH, HISPARSE_READS, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry,
                              edge, runner)
@@ -106,8 +106,8 @@ def unreachable(*, without: frozenset[str], cannot_run: frozenset[str],
     no_hisparse = off("hisparse") and f"needs hisparse: {off('hisparse')}"
     for value in (Value("mutation", "hisparse_evict"), *(Value("hisparse c4 read", read) for read in HISPARSE_READS)):
         reasons[value] = no_hisparse
-    if "hisparse_sparse_prefill" in without and not no_hisparse:
-        reasons[Value("hisparse c4 read", HISPARSE_READS[0])] = "--without hisparse_sparse_prefill"
+    if Flags.HISPARSE_SPARSE_PREFILL in without and not no_hisparse:
+        reasons[Value("hisparse c4 read", HISPARSE_READS[0])] = f"--without {Flags.HISPARSE_SPARSE_PREFILL}"
     lacks = {c: f"the target replays its prefill graph under {' and '.join(contracts)} only"
              for c in GRAPH_CONTRACTS if c not in contracts}
     reasons.update({Value("contract", c): reason for c, reason in lacks.items()})

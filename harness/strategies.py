@@ -287,7 +287,7 @@ def without_paths(drawn, without: frozenset[str]):
     """Cases of `drawn` that take no path `without` names (`Flags.PATHS`), mapped only where it names one, so that a
     default campaign's strategy stays the one it draws: a HiSparse case with the sparse-prefill switch off, and one
     whose batch is past the sparse threshold drawn again."""
-    if "hisparse_sparse_prefill" not in without:
+    if Flags.HISPARSE_SPARSE_PREFILL not in without:
         return drawn
     return drawn.map(dense_under_hisparse).filter(lambda case: not takes_hisparse_sparse_prefill(case))
 
@@ -467,7 +467,7 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
              flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=False),
              spec=S.DFLASH, dims=Dims(heads=1, head_dim=4, page_size=256, layer_ratios=(0,), index_align=8)),
     ]
-    if "hisparse_sparse_prefill" in without:
+    if Flags.HISPARSE_SPARSE_PREFILL in without:
         shapes = [c for c in map(dense_under_hisparse, shapes) if not takes_hisparse_sparse_prefill(c)]
     return [with_contract(with_dims(c, dims), contracts) for c in shapes
             if not any(getattr(c.flags, name) for name in without if name in Flags.GATES)]
