@@ -145,10 +145,14 @@ def decade(num_tokens: int) -> str:
     return TOKEN_DECADES[min(len(str(max(num_tokens, 1))) - 1, len(TOKEN_DECADES) - 1)]
 
 
+def holds_c4_block(requests) -> bool:
+    """Whether one of `requests` is a c4 block long or more (has a compressed c4 entry to read)."""
+    return any(r.seq_len >= C4_RATIO for r in requests)
+
+
 def reads_c4_blocks(case: Case, batch) -> bool:
     """Whether a prefill batch of `case` has a c4 block to read: a ratio-4 layer, a request of a block or more."""
-    return (batch.mode in _PREFILL_REPLAYS and C4_RATIO in case.dims.layer_ratios
-            and any(r.prefix_len + r.extend_len >= C4_RATIO for r in batch.requests))
+    return batch.mode in _PREFILL_REPLAYS and C4_RATIO in case.dims.layer_ratios and holds_c4_block(batch.requests)
 
 
 def batch_shapes(case: Case) -> list[dict[str, str]]:

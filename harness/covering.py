@@ -30,7 +30,7 @@ from hypothesis.strategies import SearchStrategy
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims, Flags
 from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED,
                              FOLLOWS_PUBLISH, HISPARSE_READS, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry,
-                             edge, runner)
+                             edge, holds_c4_block, runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
@@ -53,7 +53,7 @@ _PADDABLE = REPLAYABLE.filter(lambda reqs: sum(r.extend_len for r in reqs) >= 3)
 _FEWER_PREFIX = 48
 # A small case with a c4 block to read: a ratio-4 layer, a request of a block or more.
 _C4_LAYERS = [layers for layers in LAYERS if C4_RATIO in layers]
-_C4_REQUESTS = ANY_REQUESTS.filter(lambda reqs: any(r.prefix_len + r.extend_len >= C4_RATIO for r in reqs))
+_C4_REQUESTS = ANY_REQUESTS.filter(holds_c4_block)
 # Modes that never publish, each with requests whose tables the scheduler may rewrite.
 _QUIET_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
