@@ -22,7 +22,7 @@ from typing import Mapping, NamedTuple, Optional
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
-from harness.model.runners import generate_prefill_cuda_graph_batch_sizes
+from harness.model.runners import generate_prefill_cuda_graph_batch_sizes, generate_speculative_cuda_graph_batch_sizes
 from harness.policy import GRAPH_MAX_BS, expected_publish, graph_bucket, runs_graph
 
 GRAPH_PHASES = ("eager", "first graph replay", "reused bucket")
@@ -64,11 +64,20 @@ CARRIES = tuple(carry(contract, order) for contract in GRAPH_CONTRACTS for order
 # - a publishing batch, where this one publishes nothing: the event of that one is still in the runner's mailbox
 #   unless the scheduler's barrier cleared it, and a barrier that waits on it again waits for nothing;
 # - a batch with requests, where this one is an idle step: that batch's metadata is still the backend's unless the
-#   idle step drops it, and its tables may since have been rewritten (SGLang's idle runner drops it for that reason).
+#   idle step drops it, and its tables may since have been rewritten (SGLang's idle runner drops it for that reason);
+# - a draft-extend replay of more requests, where this one's request count pads to a bucket: its padded requests'
+#   request-pool rows in the static buffer still name that batch's requests unless the runner points them at the
+#   reserved row 0, and the metadata plan then reads rows of requests this batch does not own, which the scheduler
+#   may be rewriting. EAGLE's family extends its draft over a verify (and a draft-extend batch, which stands for that
+#   step) at one draft width; its draft-extend graph pads by request count (`generate_speculative_cuda_graph_
+#   batch_sizes`: every count to 8, then every other one).
 FOLLOWS_LARGER_REPLAY = "a replay of more live rows, padding over them"
 FOLLOWS_PUBLISH = "a publishing batch, publishing nothing"
 FOLLOWS_PLANNED = "a batch with requests, idle"
+FOLLOWS_LARGER_DRAFT_REPLAY = "a draft-extend replay of more requests, padding over them"
 _PREFILL_REPLAYS = (ForwardMode.EXTEND, ForwardMode.MIXED)
+DRAFT_WIDE_MODES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+_DRAFT_BUCKETS = frozenset(generate_speculative_cuda_graph_batch_sizes(GRAPH_MAX_BS))
 
 # How a HiSparse prefill batch reads the c4 cache, which HiSparse keeps at device slots of its own (a smaller pool,
 # handed out from its own free list, so a device slot is not the logical one): the sparse prefill through its chunk
@@ -91,7 +100,7 @@ DIMENSIONS = {
     "edge": EDGES,
     "tokens": TOKEN_DECADES,
     "carry": CARRIES,
-    "follows": (FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, FOLLOWS_PLANNED),
+    "follows": (FOLLOWS_LARGER_REPLAY, FOLLOWS_PUBLISH, FOLLOWS_PLANNED, FOLLOWS_LARGER_DRAFT_REPLAY),
     "hisparse c4 read": HISPARSE_READS,
 }
 _BUCKETS = frozenset(generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS))
@@ -155,10 +164,18 @@ def reads_c4_blocks(case: Case, batch) -> bool:
     return batch.mode in _PREFILL_REPLAYS and C4_RATIO in case.dims.layer_ratios and holds_c4_block(batch.requests)
 
 
+def replays_draft_extend(case: Case, batch) -> bool:
+    """Whether the draft extend after `batch` is a replay of EAGLE's draft-extend graph: a verify or draft-extend
+    batch replayed, of an EAGLE-family case, its requests at one draft width."""
+    return (batch.graph and batch.mode in DRAFT_WIDE_MODES and case.spec.is_eagle_family()
+            and len({r.extend_len for r in batch.requests}) == 1)
+
+
 def batch_shapes(case: Case) -> list[dict[str, str]]:
     """One shape per (batch, mutation kind) of the case; a batch without mutations has none."""
     shapes, replayed, sparse_replay, last_bucket = [], set(), {}, None
     last_live, published, planned = None, False, False  # what the batch before left behind (`follows`)
+    most_drafted = 0  # the most requests a draft-extend replay before had (its rows in the static buffer)
     for batch in case.batches:
         graph = runs_graph(batch)
         bucket = graph_bucket(batch.num_tokens) if graph else None
@@ -182,6 +199,10 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
             if last_live is not None and batch.num_tokens < min(last_live, bucket):
                 follows = FOLLOWS_LARGER_REPLAY
             last_live = batch.num_tokens
+        if replays_draft_extend(case, batch):
+            if len(batch.requests) not in _DRAFT_BUCKETS and len(batch.requests) < most_drafted:
+                follows = FOLLOWS_LARGER_DRAFT_REPLAY
+            most_drafted = max(most_drafted, len(batch.requests))
         published = publishes
         common = {"mode": batch.mode.name, "spec": case.spec.name, "graph": phase,
                   "runner": runner(batch.mode, graph), "contract": case.graph_contract if graph else "",

@@ -27,10 +27,10 @@ from typing import Callable, Optional
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims, Flags
-from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED,
-                             FOLLOWS_PUBLISH, HISPARSE_READS, RUNNERS, THRESHOLD_EDGES, TOKEN_DECADES, Value, carry,
-                             edge, holds_c4_block, runner)
+from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims, Flags, Request
+from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, DRAFT_WIDE_MODES, FOLLOWS_LARGER_DRAFT_REPLAY,
+                             FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, HISPARSE_READS, RUNNERS,
+                             THRESHOLD_EDGES, TOKEN_DECADES, Value, carry, edge, holds_c4_block, runner)
 from harness.coverage import values as values_of
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
@@ -54,6 +54,12 @@ _FEWER_PREFIX = 48
 # A small case with a c4 block to read: a ratio-4 layer, a request of a block or more.
 _C4_LAYERS = [layers for layers in LAYERS if C4_RATIO in layers]
 _C4_REQUESTS = ANY_REQUESTS.filter(holds_c4_block)
+# Two replayed draft extends, the second of fewer requests padded to a bucket of the speculative capture list
+# (`coverage.FOLLOWS_LARGER_DRAFT_REPLAY`): 9, 11 or 13 requests (buckets 10, 12, 14), after up to three more; a
+# request's draft width and prefix short, as EAGLE's MTP drafts a few tokens.
+_EAGLE_FAMILY = [s for s in SpeculativeAlgorithm if s.is_eagle_family()]
+_PADDED_DRAFTS = (9, 11, 13)
+_DRAFT_PREFIX = 16
 # Modes that never publish, each with requests whose tables the scheduler may rewrite.
 _QUIET_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
@@ -74,7 +80,8 @@ class Aim:
     rows the first had live; `then`: a second batch of one of these modes (drawn, as is whether it replays);
     `tokens`: the first batch's token count (None: a small batch of a few requests), at the sizes `dims` (None:
     drawn within the budget); `sparse`: the sparse-prefill switch (None: drawn); `c4_block`: a small first batch
-    with a c4 block to read (`coverage.reads_c4_blocks`)."""
+    with a c4 block to read (`coverage.reads_c4_blocks`); `drafts_fewer`: an EAGLE-family case whose first batch is
+    a replayed verify or draft extend, then one of fewer requests, padded (`_draft_padding`)."""
 
     closed: str = "open"
     spec: Optional[SpeculativeAlgorithm] = None
@@ -91,6 +98,7 @@ class Aim:
     sparse: Optional[bool] = None
     contract: str = "fresh"
     c4_block: bool = False
+    drafts_fewer: bool = False
 
 
 def unreachable(*, without: frozenset[str], cannot_run: frozenset[str],
@@ -180,6 +188,8 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
     f = draw(flags(semantics, closed, offloads))
     if aim.sparse is not None:
         f = replace(f, SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=aim.sparse)
+    if aim.drafts_fewer:
+        return draw(_draft_padding(semantics, f))
     spec = aim.spec or draw(st.sampled_from([s for s in SpeculativeAlgorithm
                                              if publishes(s, semantics) != (closed == "spec")]))
     if aim.c4_block:
@@ -211,6 +221,25 @@ def aimed_case(draw, aim: Aim, *, semantics: Semantics, budget: int) -> Case:
         batches.append(draw(batch(hisparse=f.hisparse, modes=list(aim.then), kinds_on=set(aim.kinds))))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches), graph_contract=aim.contract,
                 delay_cycles=draw(st.sampled_from(DELAYS)), data_seed=draw(st.integers(0, 2**16)))
+
+
+@st.composite
+def _draft_padding(draw, semantics: Semantics, f: Flags) -> Case:
+    """An EAGLE-family case whose draft extends replay more requests, then fewer, padded to a bucket: the second's
+    padded requests sit in rows of the static buffer that the first's requests had (`FOLLOWS_LARGER_DRAFT_REPLAY`).
+    Each batch a verify or a draft extend, every request at one draft width; the mutations drawn."""
+    width = draw(st.integers(1, 4))
+    padded = draw(st.sampled_from(_PADDED_DRAFTS))
+    counts = (draw(st.integers(padded + 1, padded + 3)), padded)
+    batches = []
+    for count in counts:
+        prefixes = draw(st.lists(st.integers(0, _DRAFT_PREFIX), min_size=count, max_size=count))
+        drafted = draw(batch(hisparse=f.hisparse, reqs=tuple(Request(p, width) for p in prefixes),
+                             modes=list(DRAFT_WIDE_MODES)))
+        batches.append(replace(drafted, graph=True))
+    return Case(semantics=semantics, spec=draw(st.sampled_from(_EAGLE_FAMILY)), flags=f, dims=draw(small_dims()),
+                batches=tuple(batches), delay_cycles=draw(st.sampled_from(DELAYS)),
+                data_seed=draw(st.integers(0, 2**16)))
 
 
 # -- the aims of each value, by dimension: (value, semantics, budget) -> aims ----------------------------------------
@@ -266,7 +295,8 @@ _CARRIES = {carry(contract, order): Aim(graph=True, reuse=True, between=order ==
 # a replay, then a smaller padded EXTEND replay whose padded rows the first had live; an EXTEND batch that publishes
 # (`closed` open), then one of a mode that publishes nothing; a batch with requests, then an idle step
 _FOLLOWS = {FOLLOWS_LARGER_REPLAY: Aim(graph=True, fewer=True), FOLLOWS_PUBLISH: Aim(graph=False, then=_QUIET_MODES),
-            FOLLOWS_PLANNED: Aim(graph=False, then=(ForwardMode.IDLE,))}
+            FOLLOWS_PLANNED: Aim(graph=False, then=(ForwardMode.IDLE,)),
+            FOLLOWS_LARGER_DRAFT_REPLAY: Aim(closed="spec", drafts_fewer=True)}
 
 
 _AIMS: dict[str, Callable[[str, str, int], tuple[Aim, ...]]] = {

@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 
 from harness.campaign import StreamPhase, case_digest, run_campaign
 from harness.case import Batch, Request
-from harness.model.enums import ForwardMode
-from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, HISPARSE_READS,
-                             VALUES, Coverage, Value, describe, merge_tables, values)
+from harness.coverage import (CARRY_ORDERS, FOLLOWS_LARGER_DRAFT_REPLAY, FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED,
+                             FOLLOWS_PUBLISH, HISPARSE_READS, VALUES, Coverage, Value, describe, merge_tables, values)
 from harness.covering import CoverageFirst, covering_cases, padded_counts_below, unreachable
+from harness.model.enums import ForwardMode, SpeculativeAlgorithm
+from harness.model.runners import generate_speculative_cuda_graph_batch_sizes
 from harness.mutants.corpus import mutant_target
 from harness.sharding import Shard
 from harness.strategies import PROFILE_BUDGETS, seed_cases
@@ -171,6 +172,32 @@ def test_what_a_batch_follows_a_larger_replay_a_publish_or_a_planned_batch_is_wh
     assert follows(decode, idle) == [FOLLOWS_PLANNED] and follows(eager, idle) == [FOLLOWS_PLANNED]  # idle: quiet too
     assert follows(idle, idle) == [] and follows(idle) == []
     assert padded_counts_below(5) == [2, 3] and padded_counts_below(2) == []
+
+
+def test_a_draft_extend_replay_of_fewer_requests_padded_follows_the_larger_one_before_it():
+    """EAGLE's draft-extend graph pads by request count (every count to 8, then every other one): a replayed verify
+    or draft extend of an EAGLE-family case whose count pads, after one of more requests, has padded rows the larger
+    one's requests had. Not where the count is a bucket, not after fewer, not eager, not for another algorithm, not
+    for requests of several widths (no draft-extend replay follows them), nor for the first."""
+    extend, _ = seed_cases("0.5.23")[:2]
+
+    def follows(*batches, spec=SpeculativeAlgorithm.EAGLE):
+        case = dataclasses.replace(extend, spec=spec, batches=batches)
+        return [value.value for value in values(case) if value.dimension == "follows"]
+
+    def drafts(count, mode=ForwardMode.DRAFT_EXTEND, graph=True, width=3):
+        return Batch(mode=mode, requests=tuple(Request(i, width) for i in range(count)), graph=graph)
+
+    assert follows(drafts(10), drafts(9)) == [FOLLOWS_LARGER_DRAFT_REPLAY]  # 9 pads to 10: row 9 was live
+    assert follows(drafts(12, ForwardMode.TARGET_VERIFY), drafts(9)) == [FOLLOWS_LARGER_DRAFT_REPLAY]
+    assert follows(drafts(12), drafts(3), drafts(11, ForwardMode.TARGET_VERIFY)) == [FOLLOWS_LARGER_DRAFT_REPLAY]
+    assert follows(drafts(9), drafts(10)) == [] and follows(drafts(9)) == []  # fewer before; the first
+    assert follows(drafts(10), drafts(8)) == []  # 8 is a bucket: no padded row
+    assert follows(drafts(10), drafts(9, graph=False)) == []  # eager
+    assert follows(drafts(10), drafts(9), spec=SpeculativeAlgorithm.DFLASH) == []  # no draft-extend graph
+    uneven = Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(0, 2),) * 4 + (Request(0, 3),) * 5, graph=True)
+    assert follows(drafts(10), uneven) == []
+    assert generate_speculative_cuda_graph_batch_sizes(16) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
 
 
 def test_a_hisparse_prefill_with_a_c4_block_is_a_c4_read_of_its_attention_path():

@@ -325,8 +325,8 @@ def test_a_campaign_runs_every_case_at_its_target_s_fixed_sizes():
 # The first cases of `harness run --examples 40 --no-seeds` on the reference (the `ci` profile: its fixed stream seed),
 # as measured for the kill tables and BENCHMARKS.md: three of the coverage-first phase, its last two, and the one
 # drawn after it (moved in session 31 by the table's HiSparse c4 reads, BENCHMARKS section 32).
-PINNED_CI_STREAM = {1: "705930fed93e2973", 2: "ebe457f4f6d11ac6", 3: "6a02292c8bfe563f",
-                    38: "c2f96284996d67b0", 39: "ad33f39ec7818c0a", 40: "cdf47d5f1c556d0e"}
+PINNED_CI_STREAM = {1: "705930fed93e2973", 2: "ebe457f4f6d11ac6", 3: "47cc91e9898860a1",
+                    38: "014a889a7d0b7691", 39: "9ffc12c13e85e533", 40: "c2f96284996d67b0"}
 
 
 def test_the_derandomized_stream_is_the_measured_one():

@@ -20,6 +20,7 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: --tar
 
 import dataclasses  # noqa: E402
 from importlib.metadata import version as dist_version  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
@@ -29,6 +30,7 @@ from harness.device import make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import InvalidArgument  # noqa: E402
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
+from harness.model.runners import generate_speculative_cuda_graph_batch_sizes  # noqa: E402
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.model_runner import SglangModelRunner  # noqa: E402
@@ -250,6 +252,16 @@ def test_a_draft_extend_replay_padded_to_its_bucket_declares_the_padded_requests
     assert not [f.message for f in result.findings if f.kind == "undeclared-access"], result.findings
     assert races or result.findings == [], [f.message for f in result.findings]
     assert graph_calls["execute"] >= 2, graph_calls
+
+
+def test_the_coverage_tables_draft_extend_buckets_are_the_releases_speculative_capture_list(target):
+    """The coverage table tells a padded draft-extend replay (`FOLLOWS_LARGER_DRAFT_REPLAY`) by the reference model's
+    speculative capture list; the release's own list, as its draft-extend graph runner gets it, is the same."""
+    buckets = target.api.mods["buckets"]
+    for max_bs in (16, 64, 256, 512):
+        server = SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm="EAGLE")
+        assert generate_speculative_cuda_graph_batch_sizes(max_bs) == buckets.generate_decode_cuda_graph_batch_sizes(
+            server, max_bs), max_bs
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

@@ -27,6 +27,15 @@ def generate_prefill_cuda_graph_batch_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+def generate_speculative_cuda_graph_batch_sizes(max_bs: int) -> list[int]:
+    """SGLang's default capture list (request counts) of a speculative server's decode-side graphs, EAGLE's
+    draft-extend graph among them ("less padding for smaller batch sizes"), capped at max_bs: every count to 8, then
+    every other one, so a draft extend of 9 requests replays the bucket of 10 with one padded request."""
+    sizes = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+             + list(range(272, max_bs + 1, 16)))
+    return [s for s in sizes if s <= max_bs]
+
+
 # -- publication -------------------------------------------------------------------------------------
 
 def maybe_publish_prefill_shared_read_done(model_runner, shared_read_ends: SharedReadEnds, device) -> None:
