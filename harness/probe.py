@@ -122,6 +122,24 @@ class GraphReplay(ProbeRecord):
 
 
 @dataclass(frozen=True)
+class DraftGraphReplay(ProbeRecord):
+    """EAGLE's draft-extend graph runner replayed a captured batch size for the batch's draft extend."""
+
+    name: ClassVar[str] = "draft_graph_replay"
+
+    bucket: int
+    """The captured batch size (requests) the draft extend was padded to."""
+    requests: int
+    """The draft extend's live requests."""
+    stale_padded_requests: int = 0
+    """How many of the bucket's padded requests the runner planned with anything but what SGLang's `execute` pads
+    them with (every release): request-pool row 0, the reserved row whose `req_to_token` entries stay 0; the
+    sequence-length fill value; output slot and position 0 for each of its tokens. Such a request holds what a
+    larger draft extend before left there, and the metadata plan reads that request's row of `req_to_token`, which
+    the scheduler may be rewriting."""
+
+
+@dataclass(frozen=True)
 class MetadataReuse(ProbeRecord):
     """A graph replay reused the bucket's captured metadata; what it still held from the earlier replay."""
 

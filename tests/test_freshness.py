@@ -16,7 +16,7 @@ from harness.mutants.corpus import mutant_target
 from harness.oracles.freshness import freshness_oracle
 from harness.oracles.registry import Judged
 from harness.policy import graph_bucket
-from harness.probe import GraphReplay, PlanKind, Planned, PlanRead
+from harness.probe import DraftGraphReplay, GraphReplay, PlanKind, Planned, PlanRead
 from harness.strategies import cases
 from harness.targets import ReferenceTarget
 
@@ -94,3 +94,13 @@ def test_a_replay_whose_padded_rows_hold_an_earlier_steps_values_is_stale_and_on
     assert fresh == []
     assert [(f.kind, f.batch, f.details) for f in kept] == [("stale-padding", 1, {"bucket": 4, "tokens": 3})]
     assert "1 of its 1 padded rows" in kept[0].message
+
+
+def test_a_draft_extend_replay_whose_padded_requests_hold_a_larger_draft_extends_rows_is_stale():
+    fresh = freshness_oracle(judged([DraftGraphReplay(bucket=10, requests=10)],
+                                    [DraftGraphReplay(bucket=10, requests=9)]))
+    kept = freshness_oracle(judged([DraftGraphReplay(bucket=12, requests=11)],
+                                   [DraftGraphReplay(bucket=10, requests=9, stale_padded_requests=1)]))
+    assert fresh == []
+    assert [(f.kind, f.batch, f.details) for f in kept] == [("stale-padding", 1, {"bucket": 10, "requests": 9})]
+    assert "1 of its 1 padded requests" in kept[0].message and "reserved row 0" in kept[0].message

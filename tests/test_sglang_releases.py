@@ -39,7 +39,7 @@ from harness.sglang_target.real_graph import RealGraphs  # noqa: E402
 from harness.sglang_target.server import DSV4_ARCHITECTURES  # noqa: E402
 from harness.strategies import cases  # noqa: E402
 from harness.targets import TargetSpec  # noqa: E402
-from harness.targets.protocol import GraphReplay, Publish  # noqa: E402
+from harness.targets.protocol import DraftGraphReplay, GraphReplay, Publish  # noqa: E402
 
 INSTALLED = dist_version("sglang")
 SGLANG = TargetSpec("sglang")
@@ -252,6 +252,9 @@ def test_a_draft_extend_replay_padded_to_its_bucket_declares_the_padded_requests
     assert not [f.message for f in result.findings if f.kind == "undeclared-access"], result.findings
     assert races or result.findings == [], [f.message for f in result.findings]
     assert graph_calls["execute"] >= 2, graph_calls
+    # the padded request as `execute` pads it, checked (`freshness`: a stale one is found in the static buffers)
+    replays = [r for notes in result.overlapped.notes for r in notes if isinstance(r, DraftGraphReplay)]
+    assert replays == [DraftGraphReplay(bucket=10, requests=9)], replays
 
 
 def test_the_coverage_tables_draft_extend_buckets_are_the_releases_speculative_capture_list(target):

@@ -146,13 +146,17 @@ def test_a_padded_draft_extend_bucket_reading_another_requests_row_is_an_undecla
     """The draft-extend replay declares its live requests' rows and, in a padded bucket, the reserved slot 0 that
     SGLang's `execute` points padded requests at. With that zeroing deleted from the release's runner, the padded
     request keeps the row the larger batch before left in the static buffer, and the plan reads it: an undeclared
-    read naming SGLang's kernel. The unmutated release replays the same case clean."""
+    read naming SGLang's kernel, and a stale padded request (`freshness`, read in the static buffers, so found too
+    where the stray row is one this batch owns, and on CUDA, where a compiled kernel's reads are not observed). The
+    unmutated release replays the same case clean."""
     harness_replay = _draft_extend_padded_after_a_larger_batch()
     mutated = run_command(load_table().mutant_replay("draft_extend_padding_keeps_pool_rows", harness_replay))
     assert mutated.returncode == 1, mutated.stdout[-3000:] + mutated.stderr[-3000:]
     assert ("[happens-before/undeclared-access] undeclared read of 'req_to_token'" in mutated.stdout
             and "init_forward_metadata_out_graph" in mutated.stdout
             and "in build_page_table_positions" in mutated.stdout), mutated.stdout[-3000:]
+    assert ("[freshness/stale-padding] batch 2 (DRAFT_EXTEND) replayed the draft-extend graph's batch size 10 with 1 "
+            "of its 1 padded requests" in mutated.stdout), mutated.stdout[-3000:]
     clean = run_command(harness_replay)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
 

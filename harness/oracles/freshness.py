@@ -13,7 +13,10 @@ bucket's captured metadata is refilled, its cache reset) and speculative steps.
 The same holds for a graph replay's padded rows: SGLang's prefill registry pads them afresh every replay (input
 id, position and output slot 0, the dummy slot), and a padded row that still holds an earlier step's slot stores its
 latent into that step's KV (`GraphReplay.stale_padded_rows`, which the sglang target counts in the static batch SGLang's
-`load_batch` made).
+`load_batch` made). EAGLE's draft-extend graph pads by request: SGLang's `execute` points a padded request at the
+reserved request-pool row 0 with the sequence-length fill value and output slot and position 0 for its tokens, and
+one that still holds a larger draft extend's request has the metadata plan read that request's row of
+`req_to_token` (`DraftGraphReplay.stale_padded_requests`).
 
 A read of something without a plan number (`PlanRead.plan` None outside an idle step) is not judged: a target
 that does not number its plans is judged by the other oracles. The sglang target numbers SGLang's own objects by
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from harness.findings import Finding
 from harness.oracles.registry import Judged, oracle
-from harness.targets.protocol import GraphReplay, Planned, PlanRead
+from harness.targets.protocol import DraftGraphReplay, GraphReplay, Planned, PlanRead
 
 
 @oracle("freshness", "a forward read metadata, a chunk cache or padded rows planned for another batch")
@@ -52,4 +55,12 @@ def freshness_oracle(judged: Judged) -> list[Finding]:
                                    f"{record.stale_padded_rows} of its {record.bucket - record.tokens} padded rows "
                                    f"holding an earlier step's input id, position or output slot, not 0 (the dummy "
                                    f"slot)", index, details={"bucket": record.bucket, "tokens": record.tokens}))
+            elif isinstance(record, DraftGraphReplay) and record.stale_padded_requests:
+                out.append(Finding("freshness", "stale-padding",
+                                   f"batch {index} ({batches[index].mode.name}) replayed the draft-extend graph's "
+                                   f"batch size {record.bucket} with {record.stale_padded_requests} of its "
+                                   f"{record.bucket - record.requests} padded requests holding an earlier draft "
+                                   f"extend's request-pool row, sequence length, output slot or position, not the "
+                                   f"reserved row 0 (whose req_to_token entries stay 0) and the fill values", index,
+                                   details={"bucket": record.bucket, "requests": record.requests}))
     return out

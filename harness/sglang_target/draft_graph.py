@@ -10,7 +10,9 @@ runner's eager forward otherwise. What runs here is SGLang's own (`eagle_draft_e
   closure handed to the graph backend's `capture_one`);
 - per batch: `can_run_graph` and `execute`: the copies into the static buffers with SGLang's padding, the backend's
   `init_forward_metadata_out_graph` over the static view (the draft-extend metadata: `req_to_token` and the
-  Full-to-SWA mapping read), the release's publication of the read-done event, the graph's replay.
+  Full-to-SWA mapping read), the release's publication of the read-done event, the graph's replay. Before the plan
+  the padded requests are read in the static buffers (`DraftGraphReplay`, judged by `freshness`): `execute` points
+  each at the reserved request-pool row 0, every release.
 
 Stood in, each the CUDA-graph machinery one process without a model cannot have (the prefill runner's stand-ins,
 `graph_runner.py`, are the same in kind):
@@ -36,7 +38,7 @@ from collections.abc import Iterator
 import torch
 
 from harness.model.runners import pad_forward_batch
-from harness.probe import PlanKind
+from harness.probe import DraftGraphReplay, PlanKind
 
 # What the runner's two metadata steps read besides the batch's rows of `req_to_token`: the mapping (the SWA page
 # indices and write locations, planned outside the graph; the write locations translated again by the recorded
@@ -186,6 +188,21 @@ class SglangDraftExtendGraphRunner:
         return logits(next_token_logits=torch.zeros((rows, 1), device=self.last_output.device),
                       hidden_states=output.hidden_states)
 
+    def _note_replay(self, bucket: int, live: int) -> None:
+        """The replay of batch size `bucket` for `live` requests, with how many padded requests `execute` left in the
+        static buffers holding anything but what it pads them with in every release (request-pool row 0, the
+        sequence-length fill value, output slot and position 0 for each token): read as the metadata plan is about to
+        read them, after `execute`'s copies (on CUDA the read waits for the forward stream, where they were issued)."""
+        buffers, width = self.runner.buffers, self.width
+        requests, tokens = slice(live, bucket), slice(live * width, bucket * width)
+        stale = ((buffers.req_pool_indices[requests] != 0)
+                 | (buffers.seq_lens[requests] != self.runner.seq_len_fill_value)
+                 | (buffers.out_cache_loc[tokens] != 0).view(-1, width).any(dim=1)
+                 | (buffers.positions[tokens] != 0).view(-1, width).any(dim=1))
+        # the session's probe: the draft runner's drops its records (`draft_runner._Unnoted`), this one is judged
+        self.mr.session.probe.note(DraftGraphReplay(bucket=bucket, requests=live,
+                                                    stale_padded_requests=int(stale.sum())))
+
     @contextlib.contextmanager
     def _backend_steps(self) -> Iterator[None]:
         """The backend's two metadata steps of a replay, where SGLang runs them: `init_forward_metadata_out_graph`
@@ -202,6 +219,8 @@ class SglangDraftExtendGraphRunner:
             live = mr.live_batch.req_pool_indices_cpu
             rows = frozenset(live) | (_PADDED_REQUEST_ROW if forward_batch.batch_size > len(live) else frozenset())
             reads = {"req_to_token": rows, **dict.fromkeys(_PLAN_READS)}
+            if not in_capture:
+                self._note_replay(forward_batch.batch_size, len(live))
             with dev.host_work("draft_DeepseekV4AttnBackend.init_forward_metadata_out_graph", reads=reads,
                                writes={"draft_meta": None}), eager.sglang():
                 cls.init_forward_metadata_out_graph(backend, forward_batch, in_capture=in_capture)

@@ -21,8 +21,8 @@ import torch
 
 from harness.case import GRAPH_CONTRACTS, Case
 from harness.model.pools import ForwardBatch
-from harness.probe import (Dispatch, Forward, GraphReplay, LazyBuild, MetadataReuse, PlanKind, Planned, PlanRead, Probe,
-                           ProbeRecord, Publish, Snapshot, SwaLocFallback, first, noted)
+from harness.probe import (Dispatch, DraftGraphReplay, Forward, GraphReplay, LazyBuild, MetadataReuse, PlanKind, Planned,
+                           PlanRead, Probe, ProbeRecord, Publish, Snapshot, SwaLocFallback, first, noted)
 from harness.world import BatchWorld
 
 
@@ -117,5 +117,6 @@ def load_batch(session: Session, device, world: BatchWorld) -> ForwardBatch:
         return session.load(world)
 
 
-__all__ = ["Dispatch", "Forward", "GraphReplay", "LazyBuild", "MetadataReuse", "PlanKind", "PlanRead", "Planned", "Probe",
-           "ProbeRecord", "Publish", "Session", "Snapshot", "SwaLocFallback", "Target", "first", "load_batch", "noted"]
+__all__ = ["Dispatch", "DraftGraphReplay", "Forward", "GraphReplay", "LazyBuild", "MetadataReuse", "PlanKind", "PlanRead",
+           "Planned", "Probe", "ProbeRecord", "Publish", "Session", "Snapshot", "SwaLocFallback", "Target", "first",
+           "load_batch", "noted"]
