@@ -406,6 +406,11 @@ MUTANTS = (
                  "a padded draft-extend bucket keeps the request-pool rows an earlier, larger batch left in the static "
                  "buffer instead of pointing its padded requests at the reserved slot 0: the metadata plan reads "
                  "another request's row of req_to_token, which the scheduler may be rewriting"),
+    SourceMutant("draft_extend_padding_keeps_out_cache_loc", DRAFT_GRAPH_RUNNER,
+                 "            buffers.out_cache_loc.zero_()\n", "",
+                 "a padded draft-extend bucket keeps the output slots an earlier, larger batch left in the static "
+                 "buffer instead of the dummy slot 0: the graph's padded tokens store their latents into that "
+                 "batch's KV slots"),
 )
 
 
@@ -532,6 +537,7 @@ PR_LATE_MUTANTS = _rows(MUTANTS, (
     "barrier_waits_forward_after_publish", "barrier_ignores_event",
     # EAGLE's draft-extend graph runner (0.5.22 publishes from the backend's declaration, as 0.5.23)
     "draft_extend_publishes_before_replay", "draft_extend_declared_pre_replay", "draft_extend_padding_keeps_pool_rows",
+    "draft_extend_padding_keeps_out_cache_loc",
 )) + _rows(PR_ERA_MUTANTS, (
     "pr_flag_before_gate", "pr_dflash_gate_dropped", "pr_read_ends_ignore_flag", "pr_publish_undeclared",
     "pr_eager_snapshot_at_request_count", "pr_eager_mixed_kept_mixed",
