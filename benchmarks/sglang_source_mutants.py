@@ -602,7 +602,18 @@ def installed_table() -> tuple[str, tuple[SourceMutant, ...]]:
     if generation is None or generation.name not in TABLES:
         raise environment_broken(f"sglang {installed} is installed; the tables are for "
                                  f"{', '.join(v for v, g in RELEASED.items() if g.name in TABLES)}")
-    return installed, TABLES[generation.name]
+    return installed, release_table(installed)
+
+
+def release_table(release: str) -> tuple[SourceMutant, ...]:
+    """The table of `release` (a version of `RELEASED` whose API generation has one): its generation's rows, less
+    those that edit EAGLE's draft-extend graph runner where the release's campaigns run with that graph off
+    (`server_settings`: no run would replay it, and 0.5.21's runner publishes before its replay, so the rows
+    written on the later runner's text do not apply to it)."""
+    rows = TABLES[RELEASED[release].name]
+    if release in DRAFT_EXTEND_GRAPH_RACE:
+        rows = tuple(m for m in rows if m.file != DRAFT_GRAPH_RUNNER)
+    return rows
 
 
 def apply(root: Path, mutant: SourceMutant, original: Path) -> None:

@@ -55,6 +55,17 @@ def test_each_edit_applies_to_one_place_in_the_installed_source(mutant):
         assert old != new
 
 
+def test_a_release_whose_campaigns_run_the_draft_extend_graph_off_has_no_row_editing_that_runner():
+    """0.5.21 shares 0.5.22's table (`pr-late`), but its campaigns run with EAGLE's draft-extend graph off (its replay
+    publishes before the in-graph step reads the mapping): a row editing that runner would never be replayed, and one
+    of them is written on 0.5.22's text, absent from 0.5.21's runner."""
+    table = load_table()
+    editing = {m.name for m in table.TABLES["pr-late"] if m.file == table.DRAFT_GRAPH_RUNNER}
+    assert editing and {m.name for m in table.release_table("0.5.22")} >= editing
+    assert not {m.name for m in table.release_table("0.5.21")} & editing
+    assert len(table.release_table("0.5.21")) == len(table.TABLES["pr-late"]) - len(editing)
+
+
 # The issue's own example, and one regression of each kind of code the target drives for real: the
 # scheduler's barrier (its enabling and its place in the loop), the breakable graph's refresh of its captured
 # metadata, and the backend's own forward (issue 27: the chunk cache rebuilt lazily in every layer, after
