@@ -76,7 +76,6 @@ FOLLOWS_PUBLISH = "a publishing batch, publishing nothing"
 FOLLOWS_PLANNED = "a batch with requests, idle"
 FOLLOWS_LARGER_DRAFT_REPLAY = "a draft-extend replay of more requests, padding over them"
 _PREFILL_REPLAYS = (ForwardMode.EXTEND, ForwardMode.MIXED)
-DRAFT_WIDE_MODES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 _DRAFT_BUCKETS = frozenset(generate_speculative_cuda_graph_batch_sizes(GRAPH_MAX_BS))
 
 # How a HiSparse prefill batch reads the c4 cache, which HiSparse keeps at device slots of its own (a smaller pool,
@@ -167,7 +166,7 @@ def reads_c4_blocks(case: Case, batch) -> bool:
 def replays_draft_extend(case: Case, batch) -> bool:
     """Whether the draft extend after `batch` is a replay of EAGLE's draft-extend graph: a verify or draft-extend
     batch replayed, of an EAGLE-family case, its requests at one draft width."""
-    return (batch.graph and batch.mode in DRAFT_WIDE_MODES and case.spec.is_eagle_family()
+    return (batch.graph and batch.mode.is_draft_wide() and case.spec.is_eagle_family()
             and len({r.extend_len for r in batch.requests}) == 1)
 
 

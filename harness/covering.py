@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from harness.case import GRAPH_CONTRACTS, MUTATION_KINDS, Case, Dims, Flags, Request
-from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, DRAFT_WIDE_MODES, FOLLOWS_LARGER_DRAFT_REPLAY,
+from harness.coverage import (BUCKET_EDGES, C4_RATIO, CARRY_ORDERS, FOLLOWS_LARGER_DRAFT_REPLAY,
                              FOLLOWS_LARGER_REPLAY, FOLLOWS_PLANNED, FOLLOWS_PUBLISH, HISPARSE_READS, RUNNERS,
                              THRESHOLD_EDGES, TOKEN_DECADES, Value, carry, edge, holds_c4_block, runner)
 from harness.coverage import values as values_of
@@ -58,6 +58,7 @@ _C4_REQUESTS = ANY_REQUESTS.filter(holds_c4_block)
 # (`coverage.FOLLOWS_LARGER_DRAFT_REPLAY`): 9, 11 or 13 requests (buckets 10, 12, 14), after up to three more; a
 # request's draft width and prefix short, as EAGLE's MTP drafts a few tokens.
 _EAGLE_FAMILY = [s for s in SpeculativeAlgorithm if s.is_eagle_family()]
+_DRAFT_WIDE_MODES = [m for m in ForwardMode if m.is_draft_wide()]
 _PADDED_DRAFTS = (9, 11, 13)
 _DRAFT_PREFIX = 16
 # Modes that never publish, each with requests whose tables the scheduler may rewrite.
@@ -235,7 +236,7 @@ def _draft_padding(draw, semantics: Semantics, f: Flags) -> Case:
     for count in counts:
         prefixes = draw(st.lists(st.integers(0, _DRAFT_PREFIX), min_size=count, max_size=count))
         drafted = draw(batch(hisparse=f.hisparse, reqs=tuple(Request(p, width) for p in prefixes),
-                             modes=list(DRAFT_WIDE_MODES)))
+                             modes=_DRAFT_WIDE_MODES))
         batches.append(replace(drafted, graph=True))
     return Case(semantics=semantics, spec=draw(st.sampled_from(_EAGLE_FAMILY)), flags=f, dims=draw(small_dims()),
                 batches=tuple(batches), delay_cycles=draw(st.sampled_from(DELAYS)),

@@ -318,23 +318,18 @@ def with_contract(case: Case, contracts: tuple[str, ...]) -> Case:
     return case if case.graph_contract in contracts else replace(case, graph_contract=contracts[0])
 
 
-# The batches whose every request an EAGLE-family server gives its draft width: the verify of the drafted tokens,
-# and the draft extend after it (`prepare_for_draft_extend`).
-_DRAFT_WIDE_MODES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
-
-
 def with_draft_width(case: Case) -> Case:
     """`case` with every request of its verify and draft-extend batches at one draft width, where its algorithm is of
     EAGLE's family: SGLang's EAGLE worker verifies and then extends its draft over each request's
     `--speculative-num-draft-tokens` tokens, one width for the server. The width is the first such batch's first
     request's new tokens, at most `MAX_DRAFT_TOKENS` (`draft_extend_requests`' rule); other cases are returned as
     drawn."""
-    wide = [b for b in case.batches if b.mode in _DRAFT_WIDE_MODES and b.requests]
+    wide = [b for b in case.batches if b.mode.is_draft_wide() and b.requests]
     if not case.spec.is_eagle_family() or not wide:
         return case
     width = min(wide[0].requests[0].extend_len, MAX_DRAFT_TOKENS)
     batches = tuple(replace(b, requests=tuple(Request(r.prefix_len, width) for r in b.requests))
-                    if b.mode in _DRAFT_WIDE_MODES else b for b in case.batches)
+                    if b.mode.is_draft_wide() else b for b in case.batches)
     return replace(case, batches=batches)
 
 

@@ -31,6 +31,12 @@ class ForwardMode(enum.Enum):
     def is_idle(self) -> bool:
         return self is ForwardMode.IDLE
 
+    def is_draft_wide(self) -> bool:
+        """A verify of the drafted tokens, or a draft extend (which stands for the draft extend after a verify): the
+        batches whose every request an EAGLE-family server gives its draft width (`prepare_for_draft_extend`), and
+        after which its worker extends the draft model as a `DRAFT_EXTEND_V2` batch."""
+        return self in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
 
 class SpeculativeAlgorithm(enum.Enum):
     NONE = "none"

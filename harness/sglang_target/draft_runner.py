@@ -126,17 +126,11 @@ def draft_extend_width(case: Case) -> Optional[int]:
     return None
 
 
-# The batches after which SGLang's EAGLE worker extends its draft model as a `DRAFT_EXTEND_V2` batch
-# (`EAGLEWorkerV2._draft_extend_for_decode`, after `verify`): a verify, and the harness's draft-extend batch, which
-# stands for that step on its own.
-_EXTENDED_BY_DRAFT = (HForwardMode.TARGET_VERIFY, HForwardMode.DRAFT_EXTEND)
-
-
 def runs_sglangs_draft_extend(mode: HForwardMode, lengths, width: Optional[int]) -> bool:
     """Whether the draft extend after a batch of `mode` whose requests extend by `lengths` is a `DRAFT_EXTEND_V2` batch
     SGLang's draft runner runs: a verify or draft-extend batch, every request the server's `width` tokens
     (`prepare_for_draft_extend` extends each by `speculative_num_draft_tokens`). Any other is the harness's tail."""
-    return mode in _EXTENDED_BY_DRAFT and width is not None and bool(lengths) and set(lengths) == {width}
+    return mode.is_draft_wide() and width is not None and bool(lengths) and set(lengths) == {width}
 
 
 __all__ = ["SglangDraftRunner", "draft_extend_width", "runs_sglangs_draft_extend"]
