@@ -28,8 +28,8 @@ campaign finds within a few cases (BENCHMARKS section 25), so an unmutated copy 
 of those releases runs as a server deployed around it does, with `SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1` (the
 draft extend runs eagerly through SGLang's draft runner); no row of their tables edits that runner.
 
-Needs sglang installed in this environment: 0.5.23 (the CI's `.venv-sglang`), 0.5.22 (requirements-cpu.txt),
-0.5.21, 0.5.20 or 0.5.19 (requirements-cpu-pr.txt).
+Needs sglang importable in this environment: 0.5.23 (the CI's `.venv-sglang`), or another release in its folder
+first on PYTHONPATH over it (0.5.22 alone; 0.5.21, 0.5.20 or 0.5.19 with requirements-cpu-pr.txt; README).
 """
 
 from __future__ import annotations

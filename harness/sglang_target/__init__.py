@@ -20,8 +20,9 @@ torchvision, which sglang imports):
     .venv-sglang/bin/pip install --no-deps sglang==0.5.23
     .venv-sglang/bin/pip install --no-deps -e .
 
-A PR-era release (0.5.19, 0.5.20, 0.5.21) takes `requirements-cpu-pr.txt` instead (transformers 5.12.1),
-0.5.22 `requirements-cpu.txt`; one environment per version, `.venv-sglang-0.5.NN`.
+Another release goes, without its dependencies, into a folder first on `PYTHONPATH` over that environment
+(`.sglang-0.5.NN`), a PR-era one (0.5.19, 0.5.20, 0.5.21) with the packages `requirements-cpu-pr.txt` lists
+(transformers 5.12.1, ...); 0.5.22 pins what `requirements-cpu.txt` installs.
 """
 
 from __future__ import annotations
