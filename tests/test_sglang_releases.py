@@ -371,6 +371,25 @@ def test_a_short_campaign_finds_nothing_but_the_releases_own_race(target, harnes
     assert "race on 'full_to_swa'" in races[0] and "init_forward_metadata_in_graph" in races[0], races[0]
 
 
+def test_a_draft_extend_declared_over_before_its_replay_differs_from_the_model_on_every_release(
+        target, harness_device, monkeypatch):
+    """SGLang runs EAGLE's draft extend as `DRAFT_EXTEND_V2`, the mode its draft-extend graph runner asks the backend
+    about (not the `DRAFT_EXTEND` of the same name): a backend that declares those reads over before the replay
+    (source-mutant row `draft_extend_declared_pre_replay`) is named by the comparison with the model, also where the
+    release's campaigns run that graph off (0.5.19 to 0.5.21), so that no publish acts on the declaration."""
+    from harness.sglang_target import differential_against_reference
+
+    api = target.api
+    declared = api.backend_cls.shared_read_ends
+    pre_replay = api.mods["base_backend"].SharedReadEnds.PRE_REPLAY
+    case = _case(target, Batch(requests=(Request(2, 5), Request(9, 1))))
+    assert differential_against_reference(case, target=target, device=harness_device) == []
+    monkeypatch.setattr(api.backend_cls, "shared_read_ends",
+                        lambda self, fm: pre_replay if fm.is_draft_extend_v2() else declared(self, fm))
+    assert differential_against_reference(case, target=target, device=harness_device) == [
+        "shared_read_ends(DRAFT_EXTEND)"]
+
+
 def test_a_snapshot_that_claims_its_reads_without_building_the_cache_is_found(target, harness_device, monkeypatch):
     """The release broken in its own hook: the snapshot is declared but the chunk cache is not built, so the
     first sparse layer builds it from the live tables after the event."""

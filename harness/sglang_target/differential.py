@@ -73,18 +73,25 @@ def _run(target, case: Case, device_name: str) -> list[dict]:
 
 
 def _declarations(session) -> dict[str, str]:
-    """{mode name: the backend's shared_read_ends for it}, in each target's own ForwardMode."""
-    backend = session.model_runner.attn_backend
+    """{mode name: the backend's shared_read_ends for it}, asked in each target's own mode of those batches: SGLang
+    runs a draft extend as `DRAFT_EXTEND_V2` (what its draft-extend graph runner asks the backend), not the
+    `DRAFT_EXTEND` of the same name, which no DSV4 batch runs."""
+    runner = session.model_runner
+    backend = runner.attn_backend
     if hasattr(session, "chunk_cache"):  # the sglang session: the real backend takes sglang's enum
-        modes = session.model_runner.api.mods["forward"].ForwardMode
+        own_mode = runner.sglang_mode_of
     else:
-        modes = ForwardMode
+        own_mode = _same_mode
     declared = {}
     for mode in ForwardMode:
-        own = getattr(modes, mode.name, None)
+        own = own_mode(mode)
         if own is not None:
             declared[mode.name] = backend.shared_read_ends(own).name
     return declared
+
+
+def _same_mode(mode: ForwardMode) -> ForwardMode:
+    return mode
 
 
 def _trim_skipped_columns(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

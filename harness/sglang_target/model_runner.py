@@ -355,7 +355,12 @@ class SglangModelRunner:
     # -- batches as SGLang's ForwardBatch --------------------------------------------------------
 
     def sglang_mode(self, fb: ForwardBatch):
-        return self.api.mods["forward"].ForwardMode[_MODE_NAMES.get(fb.forward_mode, fb.forward_mode.name)]
+        return self.sglang_mode_of(fb.forward_mode)
+
+    def sglang_mode_of(self, mode: HForwardMode):
+        """SGLang's mode of the batches this target runs for the harness's `mode` (a draft extend is EAGLE's
+        `DRAFT_EXTEND_V2`); None where the installed release has no such mode."""
+        return getattr(self.api.mods["forward"].ForwardMode, _MODE_NAMES.get(mode, mode.name), None)
 
     def target_mode(self, fb: ForwardBatch):
         """The mode the target model runs `fb` in: a draft-extend batch of the real path as SGLang's verify of its
