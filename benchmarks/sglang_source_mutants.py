@@ -62,6 +62,7 @@ BUFFER_REGISTRY = "srt/model_executor/cuda_graph_buffer_registry.py"
 METADATA_KERNEL = "kernels/ops/attention/dsv4/metadata_kernel.py"
 DRAFT_GRAPH_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 POOL = "srt/mem_cache/deepseek_v4_memory_pool.py"
+EAGLE_WORKER = "srt/speculative/eagle_worker_v2.py"
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,11 @@ UNREACHABLE_BCG_READ_END = ("DSV4's breakable replay resolves with build_snapsho
                             "shared_read_ends(EXTEND) and never reads num_qo_tokens")
 UNREACHABLE_COPY_CACHE = ("DSV4Metadata.copy_ runs only for decode, verify and draft-extend graph replays "
                           "(replay_cuda_graph_metadata_from), whose metadata never holds a sparse-prefill chunk cache")
+UNREACHABLE_EAGLE_MAILBOX = ("no driven path of an EAGLE-family case publishes, so both mailboxes stay empty and the "
+                             "barrier is coarse whichever it asks: the target's EXTEND is gated by the spec "
+                             "(supports_prefill_shared_read_done), an eager verify or draft extend is not EXTEND, the "
+                             "draft-extend graph's declaration is UNKNOWN; only the target's verify replayed by the "
+                             "decode graph runner publishes (POST_REPLAY), and this harness does not drive that runner")
 UNREACHABLE_COPY_DECODE = ("DSV4AttnMetadata.copy_ runs only for decode, verify and draft-extend graph replays "
                            "(replay_cuda_graph_metadata_from): the decode graph runner, which this harness does not "
                            "drive, and the draft-extend one, whose SWA-only plan (need_compress=False) has no c4_out_loc")
@@ -411,6 +417,23 @@ MUTANTS = (
                  "a padded draft-extend bucket keeps the output slots an earlier, larger batch left in the static "
                  "buffer instead of the dummy slot 0: the graph's padded tokens store their latents into that "
                  "batch's KV slots"),
+    # -- session 33: regressions no hand-written case was written for, in the worker's wiring, the compressed plan
+    # and the chunk cache's sizing
+    SourceMutant("eagle_last_reader_is_target", EAGLE_WORKER,
+                 "        return self._draft_worker.draft_runner\n",
+                 "        return self._target_worker.model_runner\n",
+                 "EAGLEWorkerV2.last_shared_read_runner names the target runner though the draft extend, the step's "
+                 "last shared-table reader, runs on the draft runner: the barrier asks the wrong mailbox",
+                 unreachable=UNREACHABLE_EAGLE_MAILBOX),
+    SourceMutant("c128_compresses_a_token_late", METADATA_KERNEL,
+                 "    c128_should_compress = (seq_len % 128) == 0\n",
+                 "    c128_should_compress = (seq_len % 128) == 1\n",
+                 "metadata init plans a c128 block's store at the token after the one that closes it"),
+    SourceMutant("chunk_cache_sized_by_extend", BACKEND,
+                 "            max_seq_len=max(seq_lens_cpu_list),\n",
+                 "            max_seq_len=max(extend_seq_lens_cpu),\n",
+                 "the sparse-prefill chunk cache sizes its compressed gather by the longest extend, not the longest "
+                 "sequence: a request's compressed prefix past that width is left out"),
 )
 
 
@@ -538,6 +561,8 @@ PR_LATE_MUTANTS = _rows(MUTANTS, (
     # EAGLE's draft-extend graph runner (0.5.22 publishes from the backend's declaration, as 0.5.23)
     "draft_extend_publishes_before_replay", "draft_extend_declared_pre_replay", "draft_extend_padding_keeps_pool_rows",
     "draft_extend_padding_keeps_out_cache_loc",
+    # the compressed plan and the chunk cache's sizing (session 33's rows; the same text in every release)
+    "c128_compresses_a_token_late", "chunk_cache_sized_by_extend",
 )) + _rows(PR_ERA_MUTANTS, (
     "pr_flag_before_gate", "pr_dflash_gate_dropped", "pr_read_ends_ignore_flag", "pr_publish_undeclared",
     "pr_eager_snapshot_at_request_count", "pr_eager_mixed_kept_mixed",
@@ -556,7 +581,7 @@ PR_EARLY_MUTANTS = PR_ERA_MUTANTS + _rows(MUTANTS, (
     # the backend's own __init__, metadata init and forward, and the verify and decode plans
     "token_to_kv_pool_unassigned", "prefill_sparse_always_lazy", "store_at_full_slots", "c4_visible_blocks_off_by_one",
     "verify_seq_lens_not_extended", "verify_lens_not_staged", "verify_compressor_plans_decode",
-    "decode_excludes_own_token",
+    "decode_excludes_own_token", "c128_compresses_a_token_late", "chunk_cache_sized_by_extend",
     # the breakable graph: the bucket, load_batch, the refresh of the captured metadata, the trim
     "bucket_bisect_right", "load_batch_pads_nothing", "trim_keeps_padded_rows", "refresh_assigns_c4_out_loc",
     "refresh_assigns_compress_plan", "refresh_rebinds_c4_sparse_indices",
