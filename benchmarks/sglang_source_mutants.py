@@ -120,6 +120,12 @@ UNREACHABLE_EAGLE_MAILBOX = ("no driven path of an EAGLE-family case publishes, 
                              "(supports_prefill_shared_read_done), an eager verify or draft extend is not EXTEND, the "
                              "draft-extend graph's declaration is UNKNOWN; only the target's verify replayed by the "
                              "decode graph runner publishes (POST_REPLAY), and this harness does not drive that runner")
+UNREACHABLE_PADDED_QUERY_ROWS = ("the combine kernel sees padded query rows only where the chunk cache is built over more rows "
+                                 "than the extend has: never on a driven path (an eager batch is not padded, a breakable "
+                                 "replay's attention op slices the bucket to the live rows before the forward builds the "
+                                 "cache, sparse prefill is off under CP and a late-layer tail); only an eager batch that "
+                                 "DP attention pads to its ranks' longest (MAX_LEN: pplx or DeepEP-v2 all-to-all) is, and "
+                                 "this harness runs one DP rank")
 UNREACHABLE_COPY_DECODE = ("DSV4AttnMetadata.copy_ runs only for decode, verify and draft-extend graph replays "
                            "(replay_cuda_graph_metadata_from): the decode graph runner, which this harness does not "
                            "drive, and the draft-extend one, whose SWA-only plan (need_compress=False) has no c4_out_loc")
@@ -210,7 +216,8 @@ MUTANTS = (
     SourceMutant("padding_rows_owned", KERNELS,
                  "    owned = valid & (token < tl.load(query_start_loc_ptr + num_reqs) - base)\n",
                  "    owned = valid\n",
-                 "rows past the last request's queries (padding) get index rows of the last request"),
+                 "rows past the last request's queries (padding) get index rows of the last request",
+                 unreachable=UNREACHABLE_PADDED_QUERY_ROWS),
     SourceMutant("bucket_bisect_right", BASE_GRAPH_RUNNER,
                  "        index = bisect.bisect_left(buckets, raw_size)\n",
                  "        index = min(bisect.bisect_right(buckets, raw_size), len(buckets) - 1)\n",
