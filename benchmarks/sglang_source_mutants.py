@@ -63,6 +63,7 @@ METADATA_KERNEL = "kernels/ops/attention/dsv4/metadata_kernel.py"
 DRAFT_GRAPH_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 POOL = "srt/mem_cache/deepseek_v4_memory_pool.py"
 EAGLE_WORKER = "srt/speculative/eagle_worker_v2.py"
+SPARSE_PREFILL_UTILS = "srt/layers/attention/dsv4/sparse_prefill_utils.py"
 
 
 @dataclass(frozen=True)
@@ -441,6 +442,16 @@ MUTANTS = (
                  "            max_seq_len=max(extend_seq_lens_cpu),\n",
                  "the sparse-prefill chunk cache sizes its compressed gather by the longest extend, not the longest "
                  "sequence: a request's compressed prefix past that width is left out"),
+    # -- session 34: the chunk cache's compressed gather, per request
+    SourceMutant("compressed_gather_next_request_pages", SPARSE_PREFILL_UTILS,
+                 "            self.query_start_loc[:-1].clamp_max(self.num_qo_tokens - 1).long()\n",
+                 "            self.query_start_loc[1:].clamp_max(self.num_qo_tokens - 1).long()\n",
+                 "the chunk cache gathers each request's compressed history through the page-table row of the next "
+                 "request's first query (the last request's own last row)"),
+    SourceMutant("compressed_gather_drops_closed_block", SPARSE_PREFILL_UTILS,
+                 "        lengths_cpu = [int(length) // compress_ratio for length in seq_lens_cpu]\n",
+                 "        lengths_cpu = [(int(length) - 1) // compress_ratio for length in seq_lens_cpu]\n",
+                 "the chunk cache's compressed gather leaves out the block the request's last token closes"),
 )
 
 
@@ -569,7 +580,7 @@ PR_LATE_MUTANTS = _rows(MUTANTS, (
     "draft_extend_publishes_before_replay", "draft_extend_declared_pre_replay", "draft_extend_padding_keeps_pool_rows",
     "draft_extend_padding_keeps_out_cache_loc",
     # the compressed plan and the chunk cache's sizing (session 33's rows; the same text in every release)
-    "c128_compresses_a_token_late", "chunk_cache_sized_by_extend",
+    "c128_compresses_a_token_late", "chunk_cache_sized_by_extend", "compressed_gather_next_request_pages",
 )) + _rows(PR_ERA_MUTANTS, (
     "pr_flag_before_gate", "pr_dflash_gate_dropped", "pr_read_ends_ignore_flag", "pr_publish_undeclared",
     "pr_eager_snapshot_at_request_count", "pr_eager_mixed_kept_mixed",
