@@ -452,6 +452,24 @@ MUTANTS = (
                  "        lengths_cpu = [int(length) // compress_ratio for length in seq_lens_cpu]\n",
                  "        lengths_cpu = [(int(length) - 1) // compress_ratio for length in seq_lens_cpu]\n",
                  "the chunk cache's compressed gather leaves out the block the request's last token closes"),
+    # -- session 35: context parallelism, each rank's plan and forward now SGLang's own (0.5.23 runs CP)
+    SourceMutant("cp_reindex_keeps_swa_pages", BACKEND,
+                 '        "positions_casual",\n        "swa_page_indices",\n',
+                 '        "positions_casual",\n',
+                 "a CP rank keeps the whole batch's SWA page indices: its query rows read the windows of the "
+                 "batch's first rows"),
+    SourceMutant("cp_reindex_keeps_c128_pages", BACKEND,
+                 '        "c4_topk_lengths_clamp1",\n        "c128_page_indices",\n',
+                 '        "c4_topk_lengths_clamp1",\n',
+                 "a CP rank keeps the whole batch's c128 page indices: its query rows read the c128 blocks of the "
+                 "batch's first rows"),
+    SourceMutant("cp_causal_metadata_unpadded", BACKEND,
+                 "            padded_num_tokens = sum(cp_metadata.per_rank_actual_token)\n", "",
+                 "CP's causal metadata is planned over the live tokens, not padded to the ranks' equal shares"),
+    SourceMutant("sparse_prefill_under_cp", BACKEND,
+                 "            and not is_cp_active(forward_batch)\n            and not get_platform().is_sm120\n",
+                 "            and not get_platform().is_sm120\n",
+                 "a CP rank takes sparse prefill: its chunk cache is built over the whole batch's rows"),
 )
 
 

@@ -34,6 +34,7 @@ from harness.model.runners import generate_speculative_cuda_graph_batch_sizes  #
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.model_runner import SglangModelRunner  # noqa: E402
+from harness.sglang_target.platform import CP_SIZE  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.sglang_target.real_graph import RealGraphs  # noqa: E402
 from harness.sglang_target.server import DSV4_ARCHITECTURES  # noqa: E402
@@ -320,12 +321,43 @@ def test_a_case_off_the_sizes_the_backend_asserts_is_refused_naming_the_field(ta
 
 
 def test_a_cp_case_is_refused_where_the_release_shards_it_across_ranks(target, harness_device):
-    case = _case(target, Batch(requests=(Request(6, 5),)), cp_active=True)
     if "cp_active" not in target.cannot_run:
-        assert run_case(target, case, harness_device, target_spec=SGLANG).findings == []
-        return
+        pytest.skip(f"sglang {INSTALLED} runs a CP batch in one process (the model owns the CP layout)")
+    case = _case(target, Batch(requests=(Request(6, 5),)), cp_active=True)
     with pytest.raises(InvalidArgument, match="cp_active"):
         target.open(case, make_device(harness_device))
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY])
+def test_a_cp_batch_runs_every_ranks_plan_and_forward_through_the_release(target, harness_device, monkeypatch,
+                                                                          mode):
+    """Where the release runs CP in one process (0.5.23): a CP batch (an odd token count, so the ranks' shares are
+    padded) is planned by the backend's own `init_forward_metadata` once per CP rank, each keeping its rows
+    (`apply_cp_reindex`), and each rank's rows run through its `forward` per layer; no harness metadata. The
+    float64 oracle then judges every token row, so a rank's plan that reads another's rows is found: here the
+    SWA page indices left global. A verify of unequal lengths, which SGLang plans ragged and refuses under CP
+    ("set SGLANG_RAGGED_VERIFY_MODE off for CP runs"), runs the harness's layers instead of raising."""
+    if "cp_active" in target.cannot_run:
+        pytest.skip(f"sglang {INSTALLED} shards a CP batch across ranks: CP cases are refused (the test above)")
+    case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3))),
+                 Batch(mode=mode, requests=(Request(140, 4), Request(20, 1)), mutations=(REWRITE,)), cp_active=True)
+    metadata_cls = target.api.mods["backend"].DSV4AttnMetadata
+    calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata", "forward"))
+    reindexed = _counting(monkeypatch, metadata_cls, ("apply_cp_reindex",))
+    harness_fills = _counting(monkeypatch, SglangModelRunner, ("_fresh_metadata",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    runs = 3  # overlapped, barriered, the reference oracle's run
+    batches = 1 if mode is ForwardMode.TARGET_VERIFY else 2  # the CP batches SGLang's backend ran
+    assert calls == {"init_forward_metadata": CP_SIZE * batches * runs,
+                     "forward": CP_SIZE * batches * runs * len(DIMS.layer_ratios)}, calls
+    assert reindexed == {"apply_cp_reindex": CP_SIZE * batches * runs}
+    assert harness_fills == {"_fresh_metadata": runs if mode is ForwardMode.TARGET_VERIFY else 0}
+
+    monkeypatch.setattr(metadata_cls, "_CP_REINDEX_FIELDS",
+                        [f for f in metadata_cls._CP_REINDEX_FIELDS if f != "swa_page_indices"])
+    found = run_case(target, case, harness_device, target_spec=SGLANG).findings
+    assert any(f.oracle == "float64" for f in found), [f.message for f in found]
 
 
 def test_a_graph_bucket_longer_than_a_request_tables_row_is_captured_within_the_row(target, harness_device):

@@ -57,6 +57,7 @@ ENVIRON = "sglang.srt.environ"
 RUNTIME = "sglang.srt.runtime_context"
 FORWARD = "sglang.srt.model_executor.forward_batch_info"
 CP_BASE = "sglang.srt.layers.cp.base"
+CP_INTERLEAVE = "sglang.srt.layers.cp.interleave"  # the CP layout of a release that runs CP (`Generation.runs_cp`)
 CP_UTILS = "sglang.srt.layers.cp.utils"
 BUCKETS = "sglang.srt.arg_groups.cuda_graph_hook"
 BASE_GRAPH_RUNNER = "sglang.srt.model_executor.runner.base_cuda_graph_runner"
@@ -377,6 +378,8 @@ def load_api() -> SglangApi:
         spec_hook=SPEC_HOOK, shape_key=SHAPE_KEY, breakable_backend=BREAKABLE_BACKEND,
         graph_config=GRAPH_CONFIG, input_buffers=INPUT_BUFFERS, model=MODEL, tc_context=TC_CONTEXT,
         model_config=MODEL_CONFIG).items()}
+    if generation.runs_cp:
+        mods["cp_interleave"] = importlib.import_module(CP_INTERLEAVE)
     publish = mods["publisher"].maybe_publish_prefill_shared_read_done
     params = list(inspect.signature(publish).parameters)
     want = "shared_read_ends" if generation.publishes_from_read_end else "forward_batch"

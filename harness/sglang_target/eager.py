@@ -38,7 +38,7 @@ import torch
 
 from harness.probe import Forward, LazyBuild, PlanKind
 from harness.sglang_target import real_backend
-from harness.sglang_target.platform import sglang_config, sglang_op, swa_window
+from harness.sglang_target.platform import CP_SIZE, cp_rank, sglang_config, sglang_op, swa_window
 from harness.sglang_target.real_graph import CapturedBucket
 from harness.world import BatchWorld, kv_contents
 
@@ -61,6 +61,8 @@ class EagerPath:
         self.prefix = real.prefix
         self.api, self.case, self.device, self.probe = runner.api, runner.case, runner.harness_device, runner.probe
         self.harness_pool = runner.session.token_to_kv_pool  # the harness's indexer-K store lives there
+        # A CP batch's plan of each CP rank, by rank (`init_forward_metadata`); None for a batch without CP.
+        self.rank_metadata: Optional[tuple] = None
 
     @contextlib.contextmanager
     def sglang(self) -> Iterator[None]:
@@ -122,8 +124,26 @@ class EagerPath:
         init = type(self.real.backend).init_forward_metadata
         with self.device.host_work(f"{self.prefix}DeepseekV4AttnBackend.init_forward_metadata", reads=reads,
                                    writes=self._named("meta")), self.sglang():
-            init(self.real.backend, forward_batch)
-        self.mr.plans.planned(PlanKind.METADATA, self.real.backend.forward_metadata)
+            self.rank_metadata = None
+            if self.api.is_cp_active(forward_batch):
+                self.rank_metadata = self._init_every_rank(init, forward_batch)
+            else:
+                init(self.real.backend, forward_batch)
+        for metadata in self.rank_metadata or (self.real.backend.forward_metadata,):
+            self.mr.plans.planned(PlanKind.METADATA, metadata)
+
+    def _init_every_rank(self, init, forward_batch) -> tuple:
+        """A CP batch's plan of every CP rank, by rank. Each rank of a CP server runs the same metadata init at the
+        same point of its own stream, over its own copy of the tables, and keeps the rows its rank owns
+        (`DSV4AttnMetadata.apply_cp_reindex`). This process is rank 0 and stands in for its peers: it runs their init
+        too, at the same point and over the same tables, so every token row of the batch comes from SGLang's plan
+        of the rank that owns it. Rank 0 plans last: the backend keeps its plan, as rank 0's backend would."""
+        backend, plans = self.real.backend, {}
+        for rank in reversed(range(CP_SIZE)):
+            with cp_rank(self.api, rank):
+                init(backend, forward_batch)
+            plans[rank] = backend.forward_metadata
+        return tuple(plans[rank] for rank in range(CP_SIZE))
 
     def prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
         """The backend's own `prepare_forward_metadata_for_breakable_cuda_graph_replay` (SGLang's replay prep calls
@@ -159,6 +179,7 @@ class EagerPath:
         out = torch.zeros(len(ratios), fb.num_tokens, dims.heads, dims.head_dim, dtype=torch.bfloat16,
                           device=self.device.torch_device)
         metadata = backend.forward_metadata  # bound at issue, as a launch binds its pointers
+        ranks = self.rank_metadata if captured is None and self.api.is_cp_active(forward_batch) else None
         segments = _Segments(metadata, fb.compressed_new, fb.index_k_new) if captured is None else \
             _Segments(captured.metadata, captured.compressed_new, captured.index_k_new, graph=True,
                       c4_device_indices=captured.c4_device_indices)
@@ -176,11 +197,11 @@ class EagerPath:
             if ratio:
                 self._compressor(segments, layer, ratio)
             if ratio == 4:
-                self._indexer(fb, segments, layer)
+                self._indexer(fb, forward_batch, segments, layer, ranks)
             if captured is not None:
                 self._swa_store(segments, fb, forward_batch, layer, translates=translates)
             self._attention(fb, forward_batch, metadata, layer, ratio, out, sparse=sparse,
-                            builds=builds and layer == 0, graph=captured is not None)
+                            builds=builds and layer == 0, graph=captured is not None, ranks=ranks)
         return out
 
     def _swa_store(self, segments: "_Segments", fb, forward_batch, layer: int, *, translates: bool) -> None:
@@ -221,23 +242,32 @@ class EagerPath:
             reads["full_to_hisparse"] = None
         self.device.launch(f"{segments.prefix}layer{layer}.compressor.store", store, reads=reads, writes=writes)
 
-    def _indexer(self, fb, segments: "_Segments", layer: int) -> None:
+    def _indexer(self, fb, forward_batch, segments: "_Segments", layer: int, ranks: Optional[tuple]) -> None:
         """The c4 indexer: the harness's scores (each visible block's key, read through the metadata's page
         table, against the row's indexer query; ties to the lower block, as the reference model's indexer),
-        then SGLang's top-k transform into the metadata's sparse indices."""
-        real, indexer_k, q_index, metadata = self.real, self.harness_pool.indexer_k, fb.q_index, segments.metadata
+        then SGLang's top-k transform into the metadata's sparse indices. `ranks`: a CP batch's plans by rank, each
+        rank's indexer over its own query rows (`shard_hidden_states`) into its own plan."""
+        real, indexer_k, metadata = self.real, self.harness_pool.indexer_k, segments.metadata
         width = max(fb.seq_lens_cpu) // 4 + 1
-        blocks = torch.arange(width, device=q_index.device)
+        blocks = torch.arange(width, device=fb.q_index.device)
         per_page = real_backend.PAGE_SIZE // 4
 
-        def top_k():
-            index = metadata.indexer_metadata
+        def top_k_of(plan, q_index) -> None:
+            index = plan.indexer_metadata
             pages = index.page_table[: q_index.shape[0]].long()
             page = pages[:, (blocks // per_page).clamp(max=pages.shape[1] - 1)]
             slots = (page * per_page + blocks % per_page).clamp(min=0) * 4
             scores = (indexer_k[slots] * q_index[:, None, :]).sum(-1)
+            real.c4_top_k(plan, scores * _TIE_BREAK - blocks, segments.c4_device_indices)
+
+        def top_k():
             with self.sglang():
-                real.c4_top_k(metadata, scores * _TIE_BREAK - blocks, segments.c4_device_indices)
+                if ranks is None:
+                    top_k_of(metadata, fb.q_index)
+                    return
+                for rank, plan in enumerate(ranks):
+                    with cp_rank(self.api, rank):
+                        top_k_of(plan, self._shard(fb.q_index, forward_batch))
 
         reads = {"indexer_k": None, **self._named("meta")}
         if real.hisparse:  # the indexer's HiSparse step translates the page indices (`RealDsv4.c4_top_k`)
@@ -246,13 +276,14 @@ class EagerPath:
                            writes=self._named("meta.c4_sparse"))
 
     def _attention(self, fb, forward_batch, metadata, layer: int, ratio: int, out: torch.Tensor, *,
-                   sparse: bool, builds: bool, graph: bool) -> None:
+                   sparse: bool, builds: bool, graph: bool, ranks: Optional[tuple]) -> None:
         """The backend's `forward` for one layer, as one launch. `sparse`: the layer reads the chunk cache (noted for
         the `freshness` oracle, as a build the layer makes itself); `builds`: the chunk cache is missing at issue,
         so this layer is meant to build it from the tables (the coarse barrier orders that read; after a
         published event it is a race, which the tracker and the policy oracle report); `graph`: a breakable
         replay's eager segment, DSV4's attention op in the replay's contexts (`_graph_op`), which stores nothing
-        (`save_kv_cache=False`: the captured `_swa_store` did); an eager forward stores the layer's latents first."""
+        (`save_kv_cache=False`: the captured `_swa_store` did); an eager forward stores the layer's latents first.
+        `ranks`: a CP batch's plans by rank (`_cp_forward`)."""
         backend, radix = self.real.backend, self.real.layers[layer]
         q, k = fb.q[layer].to(torch.bfloat16), fb.kv_new[layer].to(torch.bfloat16)
         sink = self.mr.session.sink[layer]
@@ -263,6 +294,8 @@ class EagerPath:
                 cache = metadata.sparse_prefill_cache
                 if graph_op is not None:
                     graph_op(q, k, out[layer], layer, ratio, sink, False)
+                elif ranks is not None:
+                    out[layer].copy_(self._cp_forward(q, k, radix, forward_batch, ratio, sink, ranks))
                 else:
                     out[layer].copy_(backend.forward(q, k, k, radix, forward_batch, compress_ratio=ratio,
                                                      attn_sink=sink))
@@ -283,6 +316,26 @@ class EagerPath:
             writes.update(self._named("cache"))
         self.device.launch(f"{self.prefix}layer{layer}.DeepseekV4AttnBackend.forward", attend, reads=reads,
                            writes=writes)
+
+    def _cp_forward(self, q, k, radix, forward_batch, ratio: int, sink, ranks: tuple) -> torch.Tensor:
+        """A CP batch's layer as DSV4's attention runs it under CP-TP group sharing (`DeepseekV4Attention`, the CP
+        branch of its prepare step): the whole chunk's SWA latents, gathered into token order, stored once through
+        the backend (`store_cache`, at the plan's global write locations; every rank writes the same), then each
+        rank's `forward` over its own query rows (`shard_hidden_states`) with its own plan and `save_kv_cache=False`,
+        and the ranks' outputs gathered back into token order (`cp_interleave_to_sequence_order`), as the model's CP
+        boundary does after attention. The all-gathers are the harness's: one process holds every rank's rows."""
+        backend, strategy = self.real.backend, self.api.mods["cp_base"].get_cp_strategy()
+        backend.store_cache(radix.layer_id, k, forward_batch)
+        shards = []
+        for rank, plan in enumerate(ranks):
+            with cp_rank(self.api, rank), self.bound(plan):
+                shards.append(backend.forward(self._shard(q, forward_batch), k, k, radix, forward_batch,
+                                              compress_ratio=ratio, save_kv_cache=False, attn_sink=sink))
+        return self.api.mods["cp_interleave"].cp_interleave_to_sequence_order(torch.cat(shards), forward_batch)
+
+    def _shard(self, rows: torch.Tensor, forward_batch) -> torch.Tensor:
+        """This CP rank's rows of a batch-wide tensor, padded to the rank's physical length: SGLang's own shard."""
+        return self.api.mods["cp_base"].get_cp_strategy().shard_hidden_states(rows, forward_batch)
 
     def _graph_op(self):
         """DSV4's attention op as the breakable graph's eager segment runs it, in the contexts the replay held when

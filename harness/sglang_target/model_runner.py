@@ -35,6 +35,8 @@ _NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_c
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY,
                HForwardMode.DRAFT_EXTEND)
+# The modes whose batch SGLang's target plans as a verify (a draft-extend batch's target part is one, `target_mode`).
+_VERIFY_MODES = (HForwardMode.TARGET_VERIFY, HForwardMode.DRAFT_EXTEND)
 # The mode the target model runs a batch in where it is not the batch's own: the harness's draft-extend batch stands
 # for a speculative server's decode step, whose target part is the verify of those tokens (`EAGLEWorkerV2.verify`,
 # then `_draft_extend_for_decode` on the draft model); SGLang's target never runs a draft-extend batch.
@@ -407,13 +409,19 @@ class SglangModelRunner:
         batch.seq_lens = batch.extend_prefix_lens.to(fb.seq_lens.dtype)
         committed_lens = torch.tensor(committed, dtype=torch.int64)
         width = self._draft_tokens()
-        if self.case.spec.is_eagle_family() and set(fb.extend_seq_lens_cpu) == {width}:
+        if self._verifies_uniformly(fb):
             batch.spec_info = self.eager.real.eagle_verify_input(
                 width=width, committed_lens=committed_lens, input_ids=fb.input_ids, positions=fb.positions)
             return
         batch.spec_info = self.eager.real.verify_input(
             verify_lens=fb.extend_seq_lens_cpu, committed_lens=committed_lens, input_ids=fb.input_ids,
             positions=fb.positions)
+
+    def _verifies_uniformly(self, fb: ForwardBatch) -> bool:
+        """Whether SGLang verifies `fb` as EAGLE's uniform verify: an EAGLE-family server, every request at its
+        draft width. Any other verify takes the ragged layout (`_resolve_verify_layout`), which SGLang refuses under
+        CP."""
+        return self.case.spec.is_eagle_family() and set(fb.extend_seq_lens_cpu) == {self._draft_tokens()}
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
@@ -449,16 +457,16 @@ class SglangModelRunner:
     @property
     def real_case(self) -> bool:
         """Whether every batch of the case that may run SGLang's metadata init and forward does, EAGLE's draft model
-        included (`session.SglangSession.draft_runner`): without CP (one process cannot run its ranks' layout) or
-        HiSparse (its decode swaps pages in through the HiSparse coordinator, whose host pool the harness does not
-        run)."""
-        flags = self.case.flags
-        return not flags.cp_active and not flags.hisparse
+        included (`session.SglangSession.draft_runner`): without HiSparse (its decode swaps pages in through the
+        HiSparse coordinator, whose host pool the harness does not run). A CP case's draft extend after a prefill
+        runs every CP rank's plan and forward of the draft model, as the target's prefill does."""
+        return not self.case.flags.hisparse
 
     @property
     def captures_real(self) -> bool:
         """Whether the case's prefill graphs are SGLang's own start-up capture (`graph_runner.sglang_built_runner`):
-        without CP. A HiSparse case's too: the prefill graph runner replays EXTEND and MIXED batches only, which a
+        without CP (SGLang's prefill CP breakable graph, its own capture and `execute_prefill_cp_bcg`, is not
+        driven). A HiSparse case's too: the prefill graph runner replays EXTEND and MIXED batches only, which a
         HiSparse case runs for real (its decode goes to the decode graph runner, not this one); the capture's
         HiSparse indexer step is kept (`real_graph.RealGraphs.capture_hisparse_indexer`)."""
         return not self.case.flags.cp_active
@@ -468,10 +476,13 @@ class SglangModelRunner:
         too, which SGLang's eager runner runs as EXTEND), a DECODE batch (its own decode metadata: the raw metadata
         made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in), a TARGET_VERIFY
         batch (SGLang's verify metadata, `_as_verify`) or the target part of a DRAFT_EXTEND batch (that verify,
-        `target_mode`), of a case without CP; with HiSparse, every such batch but a decode (`real_case`), over
+        `target_mode`); of a CP case (0.5.23) such a batch too, an EXTEND or MIXED one as every CP rank's plan and
+        forward (`eager.EagerPath._init_every_rank`), a verify only as EAGLE's uniform one (SGLang's ragged verify
+        raises under CP); with HiSparse, every such batch but a decode (`real_case`), over
         SGLang's HiSparse c4 pool (the session's `hisparse_map`)."""
-        flags = self.case.flags
-        if flags.cp_active or (flags.hisparse and fb.forward_mode is HForwardMode.DECODE):
+        if self.case.flags.cp_active and fb.forward_mode in _VERIFY_MODES and not self._verifies_uniformly(fb):
+            return False  # SGLang's ragged verify plan raises under CP ("set SGLANG_RAGGED_VERIFY_MODE off")
+        if self.case.flags.hisparse and fb.forward_mode is HForwardMode.DECODE:
             return False
         return fb.forward_mode in _REAL_MODES
 

@@ -299,7 +299,7 @@ def rank_zero(api) -> dict:
     """`get_parallel().override(**rank_zero(api))`: this process is rank 0 of the TP group and of the attention-TP
     group, where this version names the latter (0.5.21's runners read `attn_tp_rank`, which only a server's rank
     bundle writes; 0.5.23's published server has it)."""
-    return {name: 0 for name in ("tp_rank", "attn_tp_rank") if name in _parallel_fields(api)}
+    return {name: 0 for name in ("tp_rank", "attn_tp_rank", "attn_cp_rank") if name in _parallel_fields(api)}
 
 
 def _scoped_env(field, value):
@@ -318,19 +318,27 @@ def _scoped_env(field, value):
     return unset()
 
 
-class _ActiveCP:
-    """A CP strategy that applies to every CP-capable batch: the harness's `cp_active` flag. The model owns
-    the CP row layout (SGLang's CP-TP group sharing), so the runner's CP metadata is only its rank split."""
+def _active_cp(api) -> "object":
+    """SGLang's interleave CP strategy (`layers/cp/interleave.py`, the layout DSV4's CP-TP group sharing runs),
+    bound as a server with `--enable-prefill-cp --cp-strategy interleave` binds it, except that it applies to every
+    CP-capable batch: the harness's `cp_active` flag decides, where SGLang's own `can_apply` also asks for at least
+    as many tokens as ranks (a one-token extend of a CP server is not sharded). Its metadata, sharding and
+    gathers are SGLang's."""
+    interleave = api.mods["cp_interleave"].InterleaveCPStrategy
 
-    kind = "harness-cp-active"
-    cp_size = CP_SIZE
+    class HarnessCP(interleave):
+        def can_apply(self, num_tokens, forward_batch) -> bool:
+            return forward_batch.forward_mode.is_context_parallel_extend()
 
-    def can_apply(self, num_tokens, forward_batch) -> bool:
-        return forward_batch.forward_mode.is_context_parallel_extend()
+    return HarnessCP(cp_size=CP_SIZE)
 
-    def build_metadata(self, num_tokens: int, seqs_len, extend_seqs_len=None):
-        half = -(-num_tokens // self.cp_size)
-        return types.SimpleNamespace(per_rank_actual_token=[half, num_tokens - half])
+
+@contextlib.contextmanager
+def cp_rank(api, rank: int) -> Iterator[None]:
+    """This process as CP rank `rank` of the harness's CP width: what SGLang's CP code asks
+    (`get_parallel().attn_cp_rank`) while it plans or runs that rank's rows."""
+    with api.mods["runtime"].get_parallel().override(attn_cp_rank=rank):
+        yield
 
 
 @contextlib.contextmanager
@@ -352,7 +360,7 @@ def sglang_config(api, case: Case) -> Iterator[None]:
         stack.enter_context(runtime.get_parallel().override(**parallel))
         if hasattr(envs, "SGLANG_ENABLE_CP_V2"):  # 0.5.19: CP runs only with CP-v2 switched on
             stack.enter_context(envs.SGLANG_ENABLE_CP_V2.override(flags.cp_active))
-        cp_base._STRATEGY = _ActiveCP() if flags.cp_active else None
+        cp_base._STRATEGY = _active_cp(api) if flags.cp_active else None
         try:
             yield
         finally:

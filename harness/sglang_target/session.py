@@ -6,7 +6,7 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   runner runs as EXTEND), DECODE batch or TARGET_VERIFY batch (EAGLE's uniform verify where an EAGLE-family case
   verifies at its draft width, else SGLang's ragged verify: `_as_verify`), and the target's part of a DRAFT_EXTEND
   batch (the harness's draft-extend batch stands for a speculative server's decode step: SGLang's target verifies
-  those tokens, then the draft extends over them; its target part is that verify, `target_mode`), without CP, on
+  those tokens, then the draft extends over them; its target part is that verify, `target_mode`), on
   either device (with HiSparse, but for a decode batch: over SGLang's HiSparse c4 pool and the session's mapping,
   `_hisparse_tables`), runs SGLang's own `DeepseekV4AttnBackend`, built by its `__init__` over
   SGLang's own `DeepSeekV4TokenToKVPool`: its `init_forward_metadata`, its resolver (the PR-era hook on 0.5.19 to
@@ -27,8 +27,14 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   (`EAGLEWorkerV2._draft_extend_for_decode`) the draft extend runs it as a `DRAFT_EXTEND_V2` batch, eagerly or
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
-- every batch of a CP case, and a HiSparse case's decode batches, run the harness's
-  metadata and layers over the same backend object, as listed under "Replaced" below; so does the draft extend
+- a CP case (0.5.23; the PR-era releases shard a CP batch across processes and are refused one) runs the same eager
+  paths, the draft's included; an EXTEND or MIXED batch, which CP shards, as SGLang's plan and forward of every CP
+  rank (`eager.EagerPath._init_every_rank`, `_cp_forward`): the process stands in for its peer ranks, planning and
+  running their rows at the same point with the same backend, so each token row comes from the plan of the rank
+  that owns it (`apply_cp_reindex`), and the harness holds the all-gathers (one process holds every rank's rows);
+- a CP case's graph replays (SGLang's prefill CP breakable graph, its capture and `execute_prefill_cp_bcg`, is not
+  driven) and a HiSparse case's decode batches run the harness's metadata and layers over the same backend object,
+  as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
   SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
   (`SglangTarget.uniform_draft_width`): only a hand-written case has them.
@@ -254,7 +260,7 @@ class SglangSession(ReferenceSession):
 
     def kv_state(self) -> dict[str, torch.Tensor]:
         """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
-        pools after any other (the harness's layers ran it: a batch of a CP case, a HiSparse case's decode)."""
+        pools after any other (the harness's layers ran it: a CP case's graph replay, a HiSparse case's decode)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
