@@ -335,8 +335,8 @@ def test_a_cp_batch_runs_every_ranks_plan_and_forward_through_the_release(target
     padded) is planned by the backend's own `init_forward_metadata` once per CP rank, each keeping its rows
     (`apply_cp_reindex`), and each rank's rows run through its `forward` per layer; no harness metadata. The
     float64 oracle then judges every token row, so a rank's plan that reads another's rows is found: here the
-    SWA page indices left global. A verify of unequal lengths, which SGLang plans ragged and refuses under CP
-    ("set SGLANG_RAGGED_VERIFY_MODE off for CP runs"), runs the harness's layers instead of raising."""
+    SWA page indices left global. A verify of a CP case runs the harness's layers: SGLang plans one of unequal
+    lengths ragged and refuses that under CP ("set SGLANG_RAGGED_VERIFY_MODE off for CP runs")."""
     if "cp_active" in target.cannot_run:
         pytest.skip(f"sglang {INSTALLED} shards a CP batch across ranks: CP cases are refused (the test above)")
     case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3))),

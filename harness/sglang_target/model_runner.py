@@ -35,8 +35,9 @@ _NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_c
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY,
                HForwardMode.DRAFT_EXTEND)
-# The modes whose batch SGLang's target plans as a verify (a draft-extend batch's target part is one, `target_mode`).
-_VERIFY_MODES = (HForwardMode.TARGET_VERIFY, HForwardMode.DRAFT_EXTEND)
+# Of a CP case: the modes that run SGLang's plan and forward. Not a verify (a draft-extend batch's target part is one):
+# SGLang's ragged verify plan raises under CP ("set SGLANG_RAGGED_VERIFY_MODE off for CP runs").
+_CP_REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE)
 # The mode the target model runs a batch in where it is not the batch's own: the harness's draft-extend batch stands
 # for a speculative server's decode step, whose target part is the verify of those tokens (`EAGLEWorkerV2.verify`,
 # then `_draft_extend_for_decode` on the draft model); SGLang's target never runs a draft-extend batch.
@@ -409,19 +410,13 @@ class SglangModelRunner:
         batch.seq_lens = batch.extend_prefix_lens.to(fb.seq_lens.dtype)
         committed_lens = torch.tensor(committed, dtype=torch.int64)
         width = self._draft_tokens()
-        if self._verifies_uniformly(fb):
+        if self.case.spec.is_eagle_family() and set(fb.extend_seq_lens_cpu) == {width}:
             batch.spec_info = self.eager.real.eagle_verify_input(
                 width=width, committed_lens=committed_lens, input_ids=fb.input_ids, positions=fb.positions)
             return
         batch.spec_info = self.eager.real.verify_input(
             verify_lens=fb.extend_seq_lens_cpu, committed_lens=committed_lens, input_ids=fb.input_ids,
             positions=fb.positions)
-
-    def _verifies_uniformly(self, fb: ForwardBatch) -> bool:
-        """Whether SGLang verifies `fb` as EAGLE's uniform verify: an EAGLE-family server, every request at its
-        draft width. Any other verify takes the ragged layout (`_resolve_verify_layout`), which SGLang refuses under
-        CP."""
-        return self.case.spec.is_eagle_family() and set(fb.extend_seq_lens_cpu) == {self._draft_tokens()}
 
     def as_loaded(self, forward_batch) -> ForwardBatch:
         """The harness batch with the per-batch tensors SGLang's runner hands the backend (after its
@@ -476,12 +471,11 @@ class SglangModelRunner:
         too, which SGLang's eager runner runs as EXTEND), a DECODE batch (its own decode metadata: the raw metadata
         made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in), a TARGET_VERIFY
         batch (SGLang's verify metadata, `_as_verify`) or the target part of a DRAFT_EXTEND batch (that verify,
-        `target_mode`); of a CP case (0.5.23) such a batch too, an EXTEND or MIXED one as every CP rank's plan and
-        forward (`eager.EagerPath._init_every_rank`), a verify only as EAGLE's uniform one (SGLang's ragged verify
-        raises under CP); with HiSparse, every such batch but a decode (`real_case`), over
-        SGLang's HiSparse c4 pool (the session's `hisparse_map`)."""
-        if self.case.flags.cp_active and fb.forward_mode in _VERIFY_MODES and not self._verifies_uniformly(fb):
-            return False  # SGLang's ragged verify plan raises under CP ("set SGLANG_RAGGED_VERIFY_MODE off")
+        `target_mode`); of a CP case (0.5.23) such a batch too but a verify (`_CP_REAL_MODES`), an EXTEND or MIXED
+        one as every CP rank's plan and forward (`eager.EagerPath._init_every_rank`); with HiSparse, every such batch
+        but a decode (`real_case`), over SGLang's HiSparse c4 pool (the session's `hisparse_map`)."""
+        if self.case.flags.cp_active and fb.forward_mode not in _CP_REAL_MODES:
+            return False
         if self.case.flags.hisparse and fb.forward_mode is HForwardMode.DECODE:
             return False
         return fb.forward_mode in _REAL_MODES
