@@ -453,7 +453,10 @@ def seed_cases(semantics: str, without: frozenset[str] = frozenset(),
         case(extend, Batch(mode=ForwardMode.DECODE, requests=decode, mutations=mut)),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, graph=True, mutations=mut)),
         case(Batch(mode=ForwardMode.MIXED, requests=mixed, mutations=mut)),  # eager: every release runs it as EXTEND
-        case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)),
+        # CP: an odd token count (the ranks' shares padded), and a request whose queries see a closed c128 block
+        # beside one whose do not, so each rank's rows differ from the batch's first rows in every per-row plan field
+        case(Batch(requests=(Request(140, 7), Request(9, 6)), mutations=mut),
+             flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)),
         case(extend, flags=Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, hierarchical_cache=True)),
         # EAGLE: a prefill, then the draft extend after a verify (every request the server's draft width), replayed
         case(extend, Batch(mode=ForwardMode.DRAFT_EXTEND, requests=(Request(15, 3), Request(5, 3)), graph=True,
