@@ -138,12 +138,12 @@ class EagerPath:
         (`DSV4AttnMetadata.apply_cp_reindex`). This process is rank 0 and stands in for its peers: it runs their init
         too, at the same point and over the same tables, so every token row of the batch comes from SGLang's plan
         of the rank that owns it. Rank 0 plans last: the backend keeps its plan, as rank 0's backend would."""
-        backend, plans = self.real.backend, {}
+        backend, plans = self.real.backend, []
         for rank in reversed(range(CP_SIZE)):
             with cp_rank(self.api, rank):
                 init(backend, forward_batch)
-            plans[rank] = backend.forward_metadata
-        return tuple(plans[rank] for rank in range(CP_SIZE))
+            plans.append(backend.forward_metadata)
+        return tuple(reversed(plans))
 
     def prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
         """The backend's own `prepare_forward_metadata_for_breakable_cuda_graph_replay` (SGLang's replay prep calls
@@ -324,7 +324,7 @@ class EagerPath:
         rank's `forward` over its own query rows (`shard_hidden_states`) with its own plan and `save_kv_cache=False`,
         and the ranks' outputs gathered back into token order (`cp_interleave_to_sequence_order`), as the model's CP
         boundary does after attention. The all-gathers are the harness's: one process holds every rank's rows."""
-        backend, strategy = self.real.backend, self.api.mods["cp_base"].get_cp_strategy()
+        backend = self.real.backend
         backend.store_cache(radix.layer_id, k, forward_batch)
         shards = []
         for rank, plan in enumerate(ranks):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 import types
@@ -318,19 +319,19 @@ def _scoped_env(field, value):
     return unset()
 
 
-def _active_cp(api) -> "object":
+@functools.cache
+def _harness_cp(interleave: type) -> type:
     """SGLang's interleave CP strategy (`layers/cp/interleave.py`, the layout DSV4's CP-TP group sharing runs),
     bound as a server with `--enable-prefill-cp --cp-strategy interleave` binds it, except that it applies to every
     CP-capable batch: the harness's `cp_active` flag decides, where SGLang's own `can_apply` also asks for at least
     as many tokens as ranks (a one-token extend of a CP server is not sharded). Its metadata, sharding and
-    gathers are SGLang's."""
-    interleave = api.mods["cp_interleave"].InterleaveCPStrategy
+    gathers are SGLang's. One class per installed release: `sglang_config` binds an instance on every entry."""
 
     class HarnessCP(interleave):
         def can_apply(self, num_tokens, forward_batch) -> bool:
             return forward_batch.forward_mode.is_context_parallel_extend()
 
-    return HarnessCP(cp_size=CP_SIZE)
+    return HarnessCP
 
 
 @contextlib.contextmanager
@@ -360,7 +361,8 @@ def sglang_config(api, case: Case) -> Iterator[None]:
         stack.enter_context(runtime.get_parallel().override(**parallel))
         if hasattr(envs, "SGLANG_ENABLE_CP_V2"):  # 0.5.19: CP runs only with CP-v2 switched on
             stack.enter_context(envs.SGLANG_ENABLE_CP_V2.override(flags.cp_active))
-        cp_base._STRATEGY = _active_cp(api) if flags.cp_active else None
+        cp_base._STRATEGY = _harness_cp(api.mods["cp_interleave"].InterleaveCPStrategy)(cp_size=CP_SIZE) \
+            if flags.cp_active else None
         try:
             yield
         finally:
