@@ -320,12 +320,13 @@ def with_contract(case: Case, contracts: tuple[str, ...]) -> Case:
 
 def with_draft_width(case: Case) -> Case:
     """`case` with every request of its verify and draft-extend batches at one draft width, where its algorithm is of
-    EAGLE's family: SGLang's EAGLE worker verifies and then extends its draft over each request's
-    `--speculative-num-draft-tokens` tokens, one width for the server. The width is the first such batch's first
-    request's new tokens, at most `MAX_DRAFT_TOKENS` (`draft_extend_requests`' rule); other cases are returned as
-    drawn."""
+    EAGLE's family or CP is on: SGLang's EAGLE worker verifies and then extends its draft over each request's
+    `--speculative-num-draft-tokens` tokens, one width for the server; and a CP server verifies at one width whatever
+    its algorithm (SGLang refuses the ragged verify under CP, so such a server runs `SGLANG_RAGGED_VERIFY_MODE=static`:
+    DSpark's `run_non_compact`). The width is the first such batch's first request's new tokens, at most
+    `MAX_DRAFT_TOKENS` (`draft_extend_requests`' rule); other cases are returned as drawn."""
     wide = [b for b in case.batches if b.mode.is_draft_wide() and b.requests]
-    if not case.spec.is_eagle_family() or not wide:
+    if not (case.spec.is_eagle_family() or case.flags.cp_active) or not wide:
         return case
     width = min(wide[0].requests[0].extend_len, MAX_DRAFT_TOKENS)
     batches = tuple(replace(b, requests=tuple(Request(r.prefix_len, width) for r in b.requests))

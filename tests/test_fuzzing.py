@@ -266,18 +266,24 @@ def _draft_widths(case) -> set[int]:
     return {r.extend_len for b in case.batches if b.mode in _DRAFT_WIDE for r in b.requests}
 
 
-def test_a_target_with_one_draft_width_draws_eagle_verifies_and_draft_extends_at_it_and_nothing_else_moves():
-    """SGLang's EAGLE worker verifies and draft-extends every request at the server's draft width: for a target that
-    says so (`uniform_draft_width`), every drawn EAGLE-family case has one width over its verify and draft-extend
+def _one_width_server(case) -> bool:
+    return case.spec.is_eagle_family() or case.flags.cp_active
+
+
+def test_a_target_with_one_draft_width_draws_eagle_and_cp_verifies_at_it_and_nothing_else_moves():
+    """SGLang's EAGLE worker verifies and draft-extends every request at the server's draft width, and a CP server
+    verifies at one width whatever its algorithm (the ragged verify is refused under CP): for a target that says so
+    (`uniform_draft_width`), every drawn EAGLE-family or CP case has one width over its verify and draft-extend
     requests, at most `MAX_DRAFT_TOKENS`, where the default draw has uneven ones; the map is set after the draw, so
-    every other choice (and a non-EAGLE case whole) is the default stream's."""
+    every other choice (and any other case whole) is the default stream's."""
     default, uniform = _drawn(300), _drawn(300, uniform_draft_width=True)
     assert [with_draft_width(c) for c in default] == uniform
-    eagle = [c for c in uniform if c.spec.is_eagle_family() and _draft_widths(c)]
-    assert eagle
-    assert all(len(_draft_widths(c)) == 1 and max(_draft_widths(c)) <= MAX_DRAFT_TOKENS for c in eagle)
-    assert any(len(_draft_widths(c)) > 1 for c in default if c.spec.is_eagle_family())
-    assert all(c == d for c, d in zip(default, uniform) if not c.spec.is_eagle_family())
+    for kind in (lambda c: c.spec.is_eagle_family(), lambda c: c.flags.cp_active and not c.spec.is_eagle_family()):
+        one_width = [c for c in uniform if kind(c) and _draft_widths(c)]
+        assert one_width
+        assert all(len(_draft_widths(c)) == 1 and max(_draft_widths(c)) <= MAX_DRAFT_TOKENS for c in one_width)
+        assert any(len(_draft_widths(c)) > 1 for c in default if kind(c))
+    assert all(c == d for c, d in zip(default, uniform) if not _one_width_server(c))
 
 
 def test_a_seeds_cases_are_the_same_on_every_device():

@@ -335,12 +335,13 @@ def test_a_cp_batch_runs_every_ranks_plan_and_forward_through_the_release(target
     padded) is planned by the backend's own `init_forward_metadata` once per CP rank, each keeping its rows
     (`apply_cp_reindex`), and each rank's rows run through its `forward` per layer; no harness metadata. The
     float64 oracle then judges every token row, so a rank's plan that reads another's rows is found: here the
-    SWA page indices left global. A verify of a CP case runs the harness's layers: SGLang plans one of unequal
-    lengths ragged and refuses that under CP ("set SGLANG_RAGGED_VERIFY_MODE off for CP runs")."""
+    SWA page indices left global. A verify is not sharded (SGLang's CP shards an extend): it runs the backend's own
+    static verify plan, every request at the server's width (SGLang refuses the ragged verify under CP)."""
     if "cp_active" in target.cannot_run:
         pytest.skip(f"sglang {INSTALLED} shards a CP batch across ranks: CP cases are refused (the test above)")
     case = _case(target, Batch(requests=(Request(9, 6), Request(2, 3))),
-                 Batch(mode=mode, requests=(Request(140, 4), Request(20, 1)), mutations=(REWRITE,)), cp_active=True)
+                 Batch(mode=mode, requests=(Request(140, 4), Request(20, 1 if mode is ForwardMode.MIXED else 4)),
+                       mutations=(REWRITE,)), cp_active=True)
     metadata_cls = target.api.mods["backend"].DSV4AttnMetadata
     calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata", "forward"))
     reindexed = _counting(monkeypatch, metadata_cls, ("apply_cp_reindex",))
@@ -348,11 +349,12 @@ def test_a_cp_batch_runs_every_ranks_plan_and_forward_through_the_release(target
     result = run_case(target, case, harness_device, target_spec=SGLANG)
     assert result.findings == [], [f.message for f in result.findings]
     runs = 3  # overlapped, barriered, the reference oracle's run
-    batches = 1 if mode is ForwardMode.TARGET_VERIFY else 2  # the CP batches SGLang's backend ran
-    assert calls == {"init_forward_metadata": CP_SIZE * batches * runs,
-                     "forward": CP_SIZE * batches * runs * len(DIMS.layer_ratios)}, calls
-    assert reindexed == {"apply_cp_reindex": CP_SIZE * batches * runs}
-    assert harness_fills == {"_fresh_metadata": runs if mode is ForwardMode.TARGET_VERIFY else 0}
+    sharded = 1 if mode is ForwardMode.TARGET_VERIFY else 2  # the CP batches SGLang's backend ran, once per rank
+    plans = CP_SIZE * sharded + (mode is ForwardMode.TARGET_VERIFY)  # and the verify, once
+    assert calls == {"init_forward_metadata": plans * runs,
+                     "forward": plans * runs * len(DIMS.layer_ratios)}, calls
+    assert reindexed == {"apply_cp_reindex": CP_SIZE * sharded * runs}
+    assert harness_fills == {"_fresh_metadata": 0}
 
     monkeypatch.setattr(metadata_cls, "_CP_REINDEX_FIELDS",
                         [f for f in metadata_cls._CP_REINDEX_FIELDS if f != "swa_page_indices"])

@@ -44,8 +44,9 @@ from harness.targets.protocol import Target
 class SglangTarget(Target):
     """The installed sglang package as a target. Construction imports it and checks what it provides."""
 
-    # SGLang's EAGLE worker verifies and draft-extends every request at the server's draft width: a campaign's
-    # EAGLE-family cases are drawn so, and the draft extend after their verify runs SGLang's draft runner
+    # SGLang's EAGLE worker verifies and draft-extends every request at the server's draft width, and a CP server
+    # verifies at that width whatever its algorithm: a campaign's EAGLE-family and CP cases are drawn so, the draft
+    # extend after an EAGLE verify runs SGLang's draft runner, and a CP case's verify SGLang's plan and forward
     uniform_draft_width = True
 
     def __init__(self):

@@ -68,7 +68,7 @@ class EagerPath:
     def sglang(self) -> Iterator[None]:
         """The case's SGLang configuration, the host switches and the case's SWA window: what SGLang's code
         reads while it runs (a launched closure runs after the issuing code left these)."""
-        with sglang_config(self.api, self.case), real_backend.switches(self.api), \
+        with sglang_config(self.api, self.case), real_backend.switches(self.api, cp=self.case.flags.cp_active), \
                 swa_window(self.api, self.case.dims.swa_window):
             yield
 

@@ -35,9 +35,6 @@ _NON_PADDED_FIELDS = ("global_num_token_non_padded_cpu", "num_token_non_padded_c
 # The modes whose eager batches run SGLang's metadata init and forward (`SglangModelRunner.runs_real`).
 _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HForwardMode.TARGET_VERIFY,
                HForwardMode.DRAFT_EXTEND)
-# Of a CP case: the modes that run SGLang's plan and forward. Not a verify (a draft-extend batch's target part is one):
-# SGLang's ragged verify plan raises under CP ("set SGLANG_RAGGED_VERIFY_MODE off for CP runs").
-_CP_REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE)
 # The mode the target model runs a batch in where it is not the batch's own: the harness's draft-extend batch stands
 # for a speculative server's decode step, whose target part is the verify of those tokens (`EAGLEWorkerV2.verify`,
 # then `_draft_extend_for_decode` on the draft model); SGLang's target never runs a draft-extend batch.
@@ -405,14 +402,19 @@ class SglangModelRunner:
         """A target-verify batch as SGLang's verify step hands it to the target model: `seq_lens` the committed
         lengths (`committed`, the requests' prefixes: the backend adds the verify lengths,
         `make_forward_metadata_from_raw_verify`), and the verify input: EAGLE's (`EAGLEWorkerV2.verify`, the uniform
-        verify) where an EAGLE-family server verifies every request at its draft width, else DSpark's, carrying the
-        per-request layout (`dspark_verify._run_ragged`, SGLang's only form for unequal lengths)."""
+        verify) where an EAGLE-family server verifies every request at its draft width; a CP server's DSpark verify
+        at that width (`dspark_verify.run_non_compact`, SGLang's static verify, the only one it runs under CP); else
+        DSpark's, carrying the per-request layout (`dspark_verify._run_ragged`, SGLang's only form for unequal
+        lengths)."""
         batch.seq_lens = batch.extend_prefix_lens.to(fb.seq_lens.dtype)
         committed_lens = torch.tensor(committed, dtype=torch.int64)
         width = self._draft_tokens()
-        if self.case.spec.is_eagle_family() and set(fb.extend_seq_lens_cpu) == {width}:
-            batch.spec_info = self.eager.real.eagle_verify_input(
-                width=width, committed_lens=committed_lens, input_ids=fb.input_ids, positions=fb.positions)
+        uniform = dict(committed_lens=committed_lens, input_ids=fb.input_ids, positions=fb.positions)
+        if self.case.spec.is_eagle_family() and self.verifies_static(fb):
+            batch.spec_info = self.eager.real.eagle_verify_input(width=width, **uniform)
+            return
+        if self.case.flags.cp_active:
+            batch.spec_info = self.eager.real.static_verify_input(width=width, **uniform)
             return
         batch.spec_info = self.eager.real.verify_input(
             verify_lens=fb.extend_seq_lens_cpu, committed_lens=committed_lens, input_ids=fb.input_ids,
@@ -471,14 +473,22 @@ class SglangModelRunner:
         too, which SGLang's eager runner runs as EXTEND), a DECODE batch (its own decode metadata: the raw metadata
         made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in), a TARGET_VERIFY
         batch (SGLang's verify metadata, `_as_verify`) or the target part of a DRAFT_EXTEND batch (that verify,
-        `target_mode`); of a CP case (0.5.23) such a batch too but a verify (`_CP_REAL_MODES`), an EXTEND or MIXED
-        one as every CP rank's plan and forward (`eager.EagerPath._init_every_rank`); with HiSparse, every such batch
-        but a decode (`real_case`), over SGLang's HiSparse c4 pool (the session's `hisparse_map`)."""
-        if self.case.flags.cp_active and fb.forward_mode not in _CP_REAL_MODES:
+        `target_mode`); of a CP case (0.5.23) such a batch too, an EXTEND or MIXED one as every CP rank's plan and
+        forward (`eager.EagerPath._init_every_rank`), a verify only at the server's one width (`verifies_static`);
+        with HiSparse, every such batch but a decode (`real_case`), over SGLang's HiSparse c4 pool (the session's
+        `hisparse_map`)."""
+        if self.case.flags.cp_active and fb.forward_mode in _VERIFYING_MODES and not self.verifies_static(fb):
             return False
         if self.case.flags.hisparse and fb.forward_mode is HForwardMode.DECODE:
             return False
         return fb.forward_mode in _REAL_MODES
+
+    def verifies_static(self, fb: ForwardBatch) -> bool:
+        """Whether a verify batch is the uniform verify a CP server runs: SGLang plans a verify of unequal lengths
+        ragged (`SGLANG_RAGGED_VERIFY_MODE=compact`) and refuses that under CP ("set SGLANG_RAGGED_VERIFY_MODE off for
+        CP runs"), so a CP server verifies every request at its draft width (`static`). A campaign draws a CP case's
+        verify so (`strategies.with_draft_width`); a hand-written one of unequal lengths runs the harness's layers."""
+        return set(fb.extend_seq_lens_cpu) == {self._draft_tokens()}
 
     def replays_real(self, fb: ForwardBatch) -> bool:
         """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would

@@ -139,11 +139,13 @@ def stand_in_rows(api) -> list[dict]:
 
 
 @contextlib.contextmanager
-def switches(api) -> Iterator[None]:
-    """SGLang's switches for a host without DeepGEMM and the JIT top-k planner (see the module's docstring)."""
+def switches(api, *, cp: bool = False) -> Iterator[None]:
+    """SGLang's switches for a host without DeepGEMM and the JIT top-k planner (see the module's docstring), and the
+    server's verify mode: `compact` (the ragged verify, DSpark's form for unequal lengths), `static` on a CP server
+    (`cp`: SGLang refuses the ragged verify under CP)."""
     envs = api.mods["environ"].envs
     with envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.override(True), envs.SGLANG_OPT_USE_TOPK_V2.override(False), \
-            envs.SGLANG_RAGGED_VERIFY_MODE.override("compact"):
+            envs.SGLANG_RAGGED_VERIFY_MODE.override("static" if cp else "compact"):
         yield
 
 
@@ -277,6 +279,17 @@ class RealDsv4:
             verify_lens_cpu=lens, device=input_ids.device, grid=[sum(lens)])
         return importlib.import_module(_DFLASH_INFO).DFlashVerifyInput(
             draft_token=input_ids, positions=positions, draft_token_num=max(lens), ragged_verify_layout=layout,
+            live_seq_lens_cpu=committed_lens)
+
+    @staticmethod
+    def static_verify_input(*, width: int, committed_lens: torch.Tensor, input_ids: torch.Tensor,
+                            positions: torch.Tensor):
+        """A target-verify batch's `spec_info` as DSpark's static verify hands it (`dspark_verify.run_non_compact`,
+        what a CP server runs: SGLang refuses the ragged verify under CP): a `DFlashVerifyInput` of `width` tokens a
+        request and no ragged layout, so the backend plans the uniform verify. `committed_lens`: the host lengths
+        before the verify tokens (`live_seq_lens_cpu`)."""
+        return importlib.import_module(_DFLASH_INFO).DFlashVerifyInput(
+            draft_token=input_ids, positions=positions, draft_token_num=width, custom_mask=None,
             live_seq_lens_cpu=committed_lens)
 
     def eagle_verify_input(self, *, width: int, committed_lens: torch.Tensor, input_ids: torch.Tensor,

@@ -83,8 +83,9 @@ class Target:
 
     uniform_draft_width: bool = False
     """Whether the system gives every request of an EAGLE-family case's verify and draft-extend batches its one draft
-    width (SGLang's EAGLE worker: the server's `--speculative-num-draft-tokens`): a campaign then draws such cases
-    at one width (`strategies.with_draft_width`). False: the widths drawn, uneven ones included."""
+    width (SGLang's EAGLE worker: the server's `--speculative-num-draft-tokens`), and of a CP case's whatever its
+    algorithm (SGLang verifies at one width under CP): a campaign then draws such cases at one width
+    (`strategies.with_draft_width`). False: the widths drawn, uneven ones included."""
 
     fixed_dims: Mapping[str, object] = MappingProxyType({})
     """`Dims` fields this target runs at these values only (sizes the system under test asserts): a campaign
