@@ -64,6 +64,7 @@ DRAFT_GRAPH_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 POOL = "srt/mem_cache/deepseek_v4_memory_pool.py"
 EAGLE_WORKER = "srt/speculative/eagle_worker_v2.py"
 SPARSE_PREFILL_UTILS = "srt/layers/attention/dsv4/sparse_prefill_utils.py"
+CP_INTERLEAVE = "srt/layers/cp/interleave.py"
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,23 @@ MUTANTS = (
                  "            and not is_cp_active(forward_batch)\n            and not get_platform().is_sm120\n",
                  "            and not get_platform().is_sm120\n",
                  "a CP rank takes sparse prefill: its chunk cache is built over the whole batch's rows"),
+    # -- session 36: SGLang's own `can_apply` decides which batches CP shards (a batch of fewer tokens than ranks runs
+    # whole, as without CP); the gates that must ask it of the batch, not of the server
+    SourceMutant("cp_shards_below_the_rank_count", CP_INTERLEAVE,
+                 "        return seq_len > 0 and seq_len >= cp_size and cp_size > 1\n",
+                 "        return seq_len > 0 and cp_size > 1\n",
+                 "the interleave strategy shards a batch of fewer tokens than CP ranks: a rank is left without a "
+                 "token, and the batch no longer publishes"),
+    SourceMutant("cp_plan_by_server", BACKEND,
+                 "        cp_active = forward_batch is not None and is_cp_active(forward_batch)\n",
+                 "        cp_active = forward_batch is not None and get_parallel().attn_cp_size > 1\n",
+                 "the prefill plan asks whether the server runs CP, not whether CP shards this batch: a batch too "
+                 "small to shard is planned as a rank's share"),
+    SourceMutant("cp_snapshot_by_server", BACKEND,
+                 "        if is_cp_active(forward_batch):\n            return SharedReadEnds.UNKNOWN\n",
+                 "        if get_parallel().attn_cp_size > 1:\n            return SharedReadEnds.UNKNOWN\n",
+                 "the snapshot gate asks whether the server runs CP, not whether CP shards this batch: a batch too "
+                 "small to shard never publishes"),
 )
 
 

@@ -18,6 +18,7 @@ from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.semantics import SEMANTICS, Semantics
 
 GRAPH_CONTRACTS = ("fresh", "bcg")
+CP_SIZE = 2  # the CP width of a server a case turns CP on for (`Flags.cp_active`): two interleaved ranks
 MUTATION_KINDS = (
     "req_to_token_rewrite",  # rewrite rows of req_to_token (R1, radix row rewrites)
     "req_pool_reuse",  # a finished request's pool index is reused by a new request (R1/#18803)
@@ -105,6 +106,14 @@ class Flags:
 
     def offloads_kv(self) -> bool:
         return self.hierarchical_cache or self.hicache_storage or self.lmcache
+
+    def cp_shards(self, mode: ForwardMode, num_tokens: int) -> bool:
+        """Whether the server shards a batch of `mode` and `num_tokens` tokens across its CP ranks: SGLang's
+        `is_cp_active` under the interleave strategy (`InterleaveCPStrategy.can_apply`, every release): CP on, an
+        EXTEND or MIXED batch (`is_context_parallel_extend`), and at least as many tokens as ranks. A smaller batch
+        runs whole on every rank, as on a server without CP (its snapshot, publish and sparse prefill included);
+        what CP decides server-wide (the eager runner keeps MIXED, the verify is static) asks `cp_active`."""
+        return self.cp_active and mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and num_tokens >= CP_SIZE
 
 
 @dataclass(frozen=True)

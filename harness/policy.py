@@ -39,7 +39,7 @@ def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
     if flags.SGLANG_FORCE_COARSE_WAR_BARRIER and case.semantics.coarse_barrier_closes_publish:
         # PR-era: the event is still recorded; the scheduler ignores it under the coarse flag.
         return False, "SGLANG_FORCE_COARSE_WAR_BARRIER is set"
-    if flags.cp_active:
+    if flags.cp_shards(mode, batch.num_tokens):
         return False, "CP is active (rank-local query geometry)"
     if flags.hisparse:
         return False, "HiSparse translates through full_to_hisparse in every layer"

@@ -25,7 +25,7 @@ from types import SimpleNamespace  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from harness.campaign import run_campaign  # noqa: E402
-from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
+from harness.case import CP_SIZE, Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
 from harness.device import make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import InvalidArgument  # noqa: E402
@@ -34,7 +34,6 @@ from harness.model.runners import generate_speculative_cuda_graph_batch_sizes  #
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target.generations import RELEASED  # noqa: E402
 from harness.sglang_target.model_runner import SglangModelRunner  # noqa: E402
-from harness.sglang_target.platform import CP_SIZE  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.sglang_target.real_graph import RealGraphs  # noqa: E402
 from harness.sglang_target.server import DSV4_ARCHITECTURES  # noqa: E402
@@ -360,6 +359,37 @@ def test_a_cp_batch_runs_every_ranks_plan_and_forward_through_the_release(target
                         [f for f in metadata_cls._CP_REINDEX_FIELDS if f != "swa_page_indices"])
     found = run_case(target, case, harness_device, target_spec=SGLANG).findings
     assert any(f.oracle == "float64" for f in found), [f.message for f in found]
+
+
+def test_a_cp_servers_batch_of_fewer_tokens_than_ranks_runs_whole_and_publishes(target, harness_device, monkeypatch):
+    """SGLang's interleave strategy shards a batch only where it has at least as many tokens as CP ranks
+    (`InterleaveCPStrategy.can_apply`); a one-token extend of a CP server runs whole on every rank, as without CP:
+    one plan, no reindex, and the snapshot and publish of a server without CP (its `_snapshot_prefill_shared_reads`
+    asks `is_cp_active` of the batch). The reference model says the same (`Flags.cp_shards`), so the policy oracle
+    expects the publish, and a release whose gate asks the server instead of the batch is found."""
+    if "cp_active" in target.cannot_run:
+        pytest.skip(f"sglang {INSTALLED} shards a CP batch across ranks: CP cases are refused (the test above)")
+    case = _case(target, Batch(requests=(Request(9, 1),), mutations=(REWRITE,)), cp_active=True)
+    assert not case.flags.cp_shards(ForwardMode.EXTEND, 1) and case.flags.cp_shards(ForwardMode.EXTEND, CP_SIZE)
+    metadata_cls = target.api.mods["backend"].DSV4AttnMetadata
+    calls = _counting(monkeypatch, target.api.backend_cls, ("init_forward_metadata",))
+    reindexed = _counting(monkeypatch, metadata_cls, ("apply_cp_reindex",))
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    assert calls == {"init_forward_metadata": 3} and reindexed == {"apply_cp_reindex": 0}  # 3 runs, one plan each
+    assert _published(result)
+
+    # the gate asked of the server: the unsharded batch no longer publishes, which the policy oracle finds
+    backend = target.api.backend_cls
+    real = backend._snapshot_prefill_shared_reads
+
+    def by_server(self, forward_batch, *, num_qo_tokens):
+        if target.api.mods["runtime"].get_parallel().attn_cp_size > 1:
+            return target.api.mods["backend"].SharedReadEnds.UNKNOWN
+        return real(self, forward_batch, num_qo_tokens=num_qo_tokens)
+    monkeypatch.setattr(backend, "_snapshot_prefill_shared_reads", by_server)
+    found = run_case(target, case, harness_device, target_spec=SGLANG).findings
+    assert any(f.oracle == "policy" for f in found), [f.oracle for f in found]
 
 
 def test_a_graph_bucket_longer_than_a_request_tables_row_is_captured_within_the_row(target, harness_device):

@@ -25,7 +25,7 @@ pytest.importorskip("sglang", reason="the sglang package is not installed: --tar
 import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from harness.case import Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
+from harness.case import CP_SIZE, Batch, Case, Dims, Flags, Mutation, Request  # noqa: E402
 from harness.device import SimDevice, make_device  # noqa: E402
 from harness.engine import run_case  # noqa: E402
 from harness.errors import EnvironmentBroken, InvalidArgument  # noqa: E402
@@ -33,7 +33,7 @@ from harness.model.enums import ForwardMode, SpeculativeAlgorithm  # noqa: E402
 from harness.model.runners import ModelRunner  # noqa: E402
 from harness.sglang_target.api import load_api  # noqa: E402
 from harness.sglang_target import real_backend  # noqa: E402
-from harness.sglang_target.platform import CP_SIZE, sglang_config  # noqa: E402
+from harness.sglang_target.platform import sglang_config  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
 from harness.targets import Classes, ReferenceTarget, TargetSpec  # noqa: E402

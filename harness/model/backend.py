@@ -67,6 +67,10 @@ class DeepseekV4AttnBackend(AttentionBackend):
         self.dims = model_runner.dims
         self.probe = model_runner.probe
 
+    def cp_shards(self, forward_batch: ForwardBatch) -> bool:
+        """Whether CP shards this batch (`Flags.cp_shards`: SGLang's `is_cp_active`, which counts the live tokens)."""
+        return self.model_runner.flags.cp_shards(forward_batch.forward_mode, sum(forward_batch.extend_seq_lens_cpu))
+
     # -- declarations ------------------------------------------------------------------------
 
     def shared_read_ends(self, forward_mode: ForwardMode) -> SharedReadEnds:
@@ -83,7 +87,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         flags = self.model_runner.flags
         return (
             forward_batch.forward_mode.is_extend_without_speculative()
-            and not flags.cp_active
+            and not self.cp_shards(forward_batch)
             # the sglang target's layers ask this of the installed release's metadata: before 0.5.21 it has no tail
             and getattr(self.forward_metadata, "late_layer_tail", None) is None
             and (num_qo_tokens > LARGE_INDEXER_QUERY_THRESHOLD or flags.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL)
@@ -101,7 +105,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
         if not (flags.prefill_read_done_enabled(Semantics.PR)
                 and forward_batch.forward_mode is ForwardMode.EXTEND
                 and self.model_runner.spec_algorithm.is_dflash_family()
-                and not flags.cp_active
+                and not self.cp_shards(forward_batch)
                 and not flags.hisparse):  # backported from 0.5.23, like the offload gate
             return
         use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
@@ -115,7 +119,7 @@ class DeepseekV4AttnBackend(AttentionBackend):
 
     def _snapshot_prefill_shared_reads(self, forward_batch: ForwardBatch, *, num_qo_tokens: int) -> SharedReadEnds:
         flags = self.model_runner.flags
-        if flags.cp_active or flags.hisparse:
+        if self.cp_shards(forward_batch) or flags.hisparse:
             return SharedReadEnds.UNKNOWN
         metadata = self.forward_metadata
         use_sparse = self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)
@@ -266,8 +270,8 @@ class DeepseekV4AttnBackend(AttentionBackend):
                        store_compressed: Optional[Callable[[int], None]] = None) -> None:
         """Per layer: store KV, run the indexer (ratio 4), attend. `store_compressed` replays a graph."""
         dims = self.dims
-        flags, mode = self.model_runner.flags, fb.forward_mode
-        if flags.cp_active:
+        mode = fb.forward_mode
+        if self.cp_shards(fb):
             self.late_refresh_swa_rows("cp.shard_metadata", fb, range(fb.num_tokens))
         if mode is ForwardMode.MIXED:
             decode_rows = [t for t, r in enumerate(fb.row_req[:sum(fb.extend_seq_lens_cpu)])

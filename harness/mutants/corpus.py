@@ -63,7 +63,7 @@ def _backend(**methods) -> Classes:
         "still declared", "#35947 motivation", "differential")
 def _snapshot_skipped() -> Classes:
     def _snapshot_prefill_shared_reads(self, forward_batch, *, num_qo_tokens):
-        if self.model_runner.flags.cp_active or self.model_runner.flags.hisparse:
+        if self.cp_shards(forward_batch) or self.model_runner.flags.hisparse:
             return SharedReadEnds.UNKNOWN
         self.probe.note(Snapshot(num_qo_tokens=num_qo_tokens,
                                  sparse=self._use_sparse_prefill(forward_batch, num_qo_tokens=num_qo_tokens)))

@@ -36,9 +36,10 @@ from unittest import mock
 
 import torch
 
+from harness.case import CP_SIZE
 from harness.probe import Forward, LazyBuild, PlanKind
 from harness.sglang_target import real_backend
-from harness.sglang_target.platform import CP_SIZE, cp_rank, sglang_config, sglang_op, swa_window
+from harness.sglang_target.platform import cp_rank, sglang_config, sglang_op, swa_window
 from harness.sglang_target.real_graph import CapturedBucket
 from harness.world import BatchWorld, kv_contents
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import functools
 import os
 import sys
 import types
@@ -30,13 +29,12 @@ from typing import Iterator, Optional
 
 import torch
 
-from harness.case import Case
+from harness.case import CP_SIZE, Case
 from harness.device import DeviceKind
 from harness.device.base import Device, Event, Stream
 from harness.errors import EnvironmentBroken
 
 SIM_BACKEND = "streamsim"  # torch's device-string parser takes letters only
-CP_SIZE = 2  # the CP width the harness models when a case turns CP on
 
 
 def _parallel(cp_size: int) -> dict:
@@ -319,21 +317,6 @@ def _scoped_env(field, value):
     return unset()
 
 
-@functools.cache
-def _harness_cp(interleave: type) -> type:
-    """SGLang's interleave CP strategy (`layers/cp/interleave.py`, the layout DSV4's CP-TP group sharing runs),
-    bound as a server with `--enable-prefill-cp --cp-strategy interleave` binds it, except that it applies to every
-    CP-capable batch: the harness's `cp_active` flag decides, where SGLang's own `can_apply` also asks for at least
-    as many tokens as ranks (a one-token extend of a CP server is not sharded). Its metadata, sharding and
-    gathers are SGLang's. One class per installed release: `sglang_config` binds an instance on every entry."""
-
-    class HarnessCP(interleave):
-        def can_apply(self, num_tokens, forward_batch) -> bool:
-            return forward_batch.forward_mode.is_context_parallel_extend()
-
-    return HarnessCP
-
-
 @contextlib.contextmanager
 def cp_rank(api, rank: int) -> Iterator[None]:
     """This process as CP rank `rank` of the harness's CP width: what SGLang's CP code asks
@@ -361,8 +344,9 @@ def sglang_config(api, case: Case) -> Iterator[None]:
         stack.enter_context(runtime.get_parallel().override(**parallel))
         if hasattr(envs, "SGLANG_ENABLE_CP_V2"):  # 0.5.19: CP runs only with CP-v2 switched on
             stack.enter_context(envs.SGLANG_ENABLE_CP_V2.override(flags.cp_active))
-        cp_base._STRATEGY = _harness_cp(api.mods["cp_interleave"].InterleaveCPStrategy)(cp_size=CP_SIZE) \
-            if flags.cp_active else None
+        # SGLang's interleave CP strategy, as `--enable-prefill-cp --cp-strategy interleave` binds it (the layout DSV4's
+        # CP-TP group sharing runs): its own `can_apply` decides which batches it shards (`Flags.cp_shards`)
+        cp_base._STRATEGY = api.mods["cp_interleave"].InterleaveCPStrategy(cp_size=CP_SIZE) if flags.cp_active else None
         try:
             yield
         finally:
