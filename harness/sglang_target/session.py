@@ -28,13 +28,16 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   replayed by SGLang's own `EAGLEDraftExtendCudaGraphRunner` (`draft_graph.py`: its capture, `execute`, publish and
   the recorded in-graph metadata step);
 - a CP case (0.5.23; the PR-era releases shard a CP batch across processes and are refused one) runs the same eager
-  paths but a verify (SGLang refuses a ragged verify under CP), the draft's included; an EXTEND or MIXED batch,
-  which CP shards, as SGLang's plan and forward of every CP rank (`eager.EagerPath._init_every_rank`,
-  `_cp_forward`): the process stands in for its peer ranks, planning and running their rows at the same point with
-  the same backend, so each token row comes from the plan of the rank that owns it (`apply_cp_reindex`), and the
-  harness holds the all-gathers (one process holds every rank's rows);
+  paths, the draft's included; an EXTEND or MIXED batch that CP shards (SGLang's own `InterleaveCPStrategy.can_apply`:
+  at least as many tokens as ranks; a smaller one runs whole, `Flags.cp_shards`) as SGLang's plan and forward of
+  every CP rank (`eager.EagerPath._init_every_rank`, `_cp_forward`): the process stands in for its peer ranks,
+  planning and running their rows at the same point with the same backend, so each token row comes from the plan of
+  the rank that owns it (`apply_cp_reindex`), and the harness holds the all-gathers (one process holds every rank's
+  rows); a verify, which CP does not shard, as the static verify a CP server runs (SGLang refuses the ragged one
+  under CP: `SGLANG_RAGGED_VERIFY_MODE=static`, every request at the server's width, `verifies_static`);
 - a CP case's graph replays (SGLang's prefill CP breakable graph, its capture and `execute_prefill_cp_bcg`, is not
-  driven) and verify batches, and a HiSparse case's decode batches run the harness's metadata and layers over the
+  driven) and hand-written verify batches of unequal widths, and a HiSparse case's decode batches run the harness's
+  metadata and layers over the
   same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
   SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
