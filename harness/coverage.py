@@ -176,7 +176,7 @@ def batch_shapes(case: Case) -> list[dict[str, str]]:
     last_live, published, planned = None, False, False  # what the batch before left behind (`follows`)
     most_drafted = 0  # the most requests a draft-extend replay before had (its rows in the static buffer)
     for batch in case.batches:
-        graph = runs_graph(batch)
+        graph = runs_graph(case, batch)
         bucket = graph_bucket(batch.num_tokens) if graph else None
         phase = "eager" if not graph else "reused bucket" if bucket in replayed else "first graph replay"
         if graph:

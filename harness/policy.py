@@ -22,15 +22,21 @@ def graph_bucket(num_tokens: int) -> int | None:
     return None
 
 
-def runs_graph(batch: Batch) -> bool:
-    return batch.graph and batch.mode is not ForwardMode.IDLE and graph_bucket(batch.num_tokens) is not None
+def runs_graph(case: Case, batch: Batch) -> bool:
+    """Whether the prefill graph replays `batch`: a graph batch within a bucket, on a server that has the prefill graph.
+    A CP server of DSV4 has none: SGLang's server resolution turns the prefill graph off under CP where the CP
+    strategy has no breakable graph of its own for the attention backend ("context parallel (attn_cp_size > 1)" in
+    `disable_*_cudagraph_if_incompatible`; `PREFILL_CP_BCG_SUPPORTED_COMBINATIONS` has no DSV4 pair in any release),
+    so every batch of a CP case runs eagerly."""
+    return (batch.graph and not case.flags.cp_active and batch.mode is not ForwardMode.IDLE
+            and graph_bucket(batch.num_tokens) is not None)
 
 
 def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
     """(publish?, the rule that decided)."""
     flags, spec = case.flags, case.spec
     mode = batch.mode
-    if mode is ForwardMode.MIXED and not flags.cp_active and not runs_graph(batch):
+    if mode is ForwardMode.MIXED and not flags.cp_active and not runs_graph(case, batch):
         mode = ForwardMode.EXTEND  # every release's eager runner (0.5.19 on) runs a mixed batch as EXTEND
     if mode is not ForwardMode.EXTEND:
         return False, f"mode {batch.mode.name} is not EXTEND"
@@ -49,6 +55,6 @@ def expected_publish(case: Case, batch: Batch) -> tuple[bool, str]:
         return False, f"PR-era: spec {spec.name} is not DFLASH-family"
     if not spec.supports_prefill_shared_read_done():
         return False, f"spec {spec.name} has a later reader (draft extend) or is not audited"
-    if runs_graph(batch) and case.graph_contract == "bcg":
+    if runs_graph(case, batch) and case.graph_contract == "bcg":
         return False, "breakable-graph captured-metadata replay builds no snapshot"
     return True, "EXTEND with the snapshot built, no gate closed"

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from harness.case import GRAPH_CONTRACTS, LIMITS, MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
+from harness.case import CP_SIZE, GRAPH_CONTRACTS, LIMITS, MUTATION_KINDS, Batch, Case, Dims, Flags, Mutation, Request
 from harness.errors import InvalidArgument
 from harness.model.enums import ForwardMode, SpeculativeAlgorithm
 from harness.model.metadata import LARGE_INDEXER_QUERY_THRESHOLD
@@ -409,6 +409,11 @@ def _cases(draw, semantics: str, *, large: bool, budget: int, without: frozenset
         batches.append(draw(batch(hisparse=f.hisparse, modes=[ForwardMode.IDLE], kinds_on=kinds_on)))
         batches.append(draw(batch(hisparse=f.hisparse, reqs=first.requests or None, modes_on=modes_on,
                                   kinds_on=kinds_on)))
+    if f.cp_active and draw(_rare(3)):
+        # a step of fewer tokens than CP ranks, which a CP server runs whole (`Flags.cp_shards`): its plan, snapshot
+        # and publish are those of a server without CP, which a gate asked of the server instead would lose
+        below = (Request(draw(st.integers(0, 40)), CP_SIZE - 1),)
+        batches.append(draw(batch(hisparse=f.hisparse, reqs=below, modes=[ForwardMode.EXTEND], kinds_on=kinds_on)))
     return Case(semantics=semantics, spec=spec, flags=f, dims=dims, batches=tuple(batches),
                 graph_contract=contract,
                 delay_cycles=draw(st.sampled_from(DELAYS)),

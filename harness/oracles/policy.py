@@ -57,7 +57,7 @@ def _decision_checks(case: Case, index: int, notes: list[ProbeRecord], published
     if fwd is not None and snap.num_qo_tokens != fwd.rows:
         out.append(Finding("policy", "snapshot-geometry",
                            f"batch {index}: snapshot built for {snap.num_qo_tokens} query rows, the forward runs "
-                           f"{fwd.rows}" + (" (graph replay must snapshot at the padded bucket)" if runs_graph(batch) else ""),
+                           f"{fwd.rows}" + (" (graph replay must snapshot at the padded bucket)" if runs_graph(case, batch) else ""),
                            index))
     for record in notes:
         if isinstance(record, (LazyBuild, SwaLocFallback)):

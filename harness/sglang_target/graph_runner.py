@@ -1,9 +1,8 @@
 """The prefill graph runner of `--target sglang`: SGLang's `PrefillCudaGraphRunner`, and what the harness keeps of
 the graphs it captures.
 
-Where a case's batches run the release's backend for real (no CP: `SglangModelRunner.captures_real`) and
-the case replays the breakable graph (`bcg`), the runner is SGLang's, built by its
-own `__init__` as a server builds it at start-up: the phase's configuration from the published server (the
+The runner is SGLang's, built by its own `__init__` as a server builds it at start-up (a CP case has none: SGLang's
+server resolution turns DSV4's prefill graph off under CP, `policy.runs_graph`): the phase's configuration from the published server (the
 breakable backend, `cuda_graph_config.prefill.bs`), its bounds and static buffers, the static-buffer registry,
 the graph backend resolved by `resolve_prefill_backend`, the captured-metadata switch and the layer model; then
 its start-up capture (`capture` -> `_capture` -> `_capture_one_stream` -> `capture_one_shape` for every bucket,
@@ -24,10 +23,8 @@ each the CUDA-graph machinery of a server process that one process without a mod
   ceiling refuses the same batches; the harness's request table holds only the case's requests, too few for a
   server's largest buckets. A case that replays nothing captures the smallest bucket.
 
-For a case whose replays do not run the real backend (CP on: `SglangModelRunner.captures_real`), the
-runner object is built with the fields its `__init__` sets (`object_built_runner`), a bucket captured when SGLang's
-replay first asks for it (`CapturedGraphs`). Every batch of the real path's case that the prefill graph replays runs
-the real backend (a draft-extend batch's target part is a verify, which the runner refuses). No release replays
+Every batch the prefill graph replays runs the real backend (a draft-extend batch's target part is a verify, which
+the runner refuses). No release replays
 DSV4's prefill graph under tc_piecewise (`SglangApi.graph_contracts`), so the breakable backend is the only one
 driven.
 """
@@ -39,7 +36,6 @@ import dataclasses
 import functools
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
 from unittest import mock
 
 import torch
@@ -48,7 +44,7 @@ from harness.model.pools import ForwardBatch
 from harness.model.runners import pad_forward_batch
 from harness.probe import GraphReplay
 from harness.sglang_target.platform import one_dp_rank, rank_zero
-from harness.sglang_target.real_graph import RealGraphs, bucket_of, load_static_inputs
+from harness.sglang_target.real_graph import RealGraphs, bucket_of
 
 GRAPH_MAX_BS = 2048  # the reference's and the policy's max prefill graph bucket
 
@@ -83,60 +79,11 @@ def _graph_capture(stream=None) -> Iterator[SimpleNamespace]:
     yield SimpleNamespace(stream=stream)
 
 
-class CapturedGraphs:
-    """What a prefill graph runner captures for a bucket, emulated as in the reference: the bucket's static
-    metadata (built from the first batch that uses it), its static inputs, and per layer a captured KV
-    store that keeps the capture's tensors. SGLang captures every bucket at start-up with dummy batches;
-    the harness captures a bucket when SGLang's replay first asks for it (there is no model to capture)."""
-
-    def __init__(self, model_runner):
-        self.mr = model_runner
-        self.metadata: dict[int, Any] = {}
-        self.inputs: dict[int, ForwardBatch] = {}
-        self.layers: dict[int, list] = {}
-
-    def ensure(self, bucket: int, padded: ForwardBatch) -> None:
-        if bucket in self.metadata:
-            return
-        mr = self.mr
-        # The bucket's own out_cache_loc: a batch that fills the bucket exactly would otherwise lend the
-        # static metadata its per-batch tensor, and every later replay's copy_ would write into it.
-        static = mr._fresh_metadata(dataclasses.replace(padded, out_cache_loc=padded.out_cache_loc.clone()))
-        self.metadata[bucket] = static
-        self.inputs[bucket] = static_fb = dataclasses.replace(
-            padded, compressed_new=padded.compressed_new.clone(), index_k_new=padded.index_k_new.clone())
-        graphs = []
-        for layer in range(len(mr.case.dims.layer_ratios)):
-            with mr.harness_device.capture(f"prefill_graph[{bucket}].layer{layer}") as graph:
-                mr.harness.attn_backend.store_compressed(static_fb, layer, static.core_attn_metadata)
-            graphs.append(graph)
-        self.layers[bucket] = graphs
-
-    def load_inputs(self, bucket: int, padded: ForwardBatch) -> None:
-        load_static_inputs(self.mr.harness_device, self.inputs[bucket], padded)
-
-    def replay_store(self, bucket: int):
-        return lambda layer: self.mr.harness_device.replay(self.layers[bucket][layer])
-
-
-class _CapturedMetadata(dict):
-    """`PrefillCudaGraphRunner.attn_metadata_buffers` (ShapeKey -> the bucket's captured metadata): a bucket
-    SGLang asks for that the harness has not captured yet is captured then."""
-
-    def __init__(self, graphs: CapturedGraphs):
-        super().__init__()
-        self.graphs = graphs
-
-    def __missing__(self, shape_key):
-        # keyed by ShapeKey (0.5.23) or by the bucket's token count (PR-era); captured by the replay's prep
-        self[shape_key] = self.graphs.metadata[bucket_of(shape_key)]
-        return self[shape_key]
-
-
 def _harness_graph_backend(base: type) -> type:
-    """SGLang's breakable graph backend class `base` with its `replay` the harness's: the captured graphs are the
-    harness's layers (there is no model to capture). Everything else of the backend, `replay_session` included,
-    is SGLang's."""
+    """SGLang's breakable graph backend class `base` with its `capture_one` and `replay` the harness's: there is no
+    model to capture, so what a graph would hold is kept (`real_graph`) and a replay runs its segments and SGLang's
+    forward between them (`SglangPrefillGraphRunner.replay`). Everything else of the backend, `replay_session`
+    included, is SGLang's."""
 
     def replay(self, shape_key, static_forward_batch, **kwargs):
         return self.harness_graphs.replay(shape_key, static_forward_batch)
@@ -163,29 +110,22 @@ class SglangPrefillGraphRunner:
     """SGLang's `PrefillCudaGraphRunner`, driven per batch through its `can_run_graph` and `execute`: `load_batch`
     (the bucket, the static-buffer registry's padding, the static batch, the breakable static buffers,
     `_prepare_forward_metadata_for_replay`), the publish, `_execute_body_capture`, and
-    the trim of the output to the live rows are SGLang's. The runner is built by SGLang's `__init__` where the
-    backend runs for real (`sglang_built_runner`, see the module's docstring), else with the fields its `__init__`
-    sets (`object_built_runner`: no LoRA, CP, multimodal input, draft model, chunked-prefix capture or fixed
-    context). Its graph backend is the breakable one, with DSV4's captured metadata (`bcg`, the one contract a
-    DSV4 server replays). The PR-era releases key a bucket by its token count where 0.5.23 has a ShapeKey, and
+    the trim of the output to the live rows are SGLang's. The runner is built by SGLang's `__init__`
+    (`sglang_built_runner`, see the module's docstring); a CP case has none (`SglangModelRunner._build_graph_runner`).
+    Its graph backend is the breakable one, with DSV4's captured metadata (`bcg`, the one contract a DSV4 server
+    replays). The PR-era releases key a bucket by its token count where 0.5.23 has a ShapeKey, and
     name a few switches differently."""
 
     def __init__(self, model_runner):
         api = model_runner.api
         self.mr, self.api = model_runner, api
         self.capture_bs = api.mods["buckets"].generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
-        self.graphs = CapturedGraphs(model_runner)
-        # SGLang captures the buckets the real path replays (`replays_real`) at start-up
-        if model_runner.captures_real:
-            self.runner = self.sglang_built_runner()
-        else:
-            self.real = None
-            self.runner = self.object_built_runner()
+        self.runner = self.sglang_built_runner()  # and its start-up capture of the case's buckets
         self._order_registry_fill(self.runner.buffer_registry)
         real_prepare = self.runner._prepare_forward_metadata_for_replay
         self.runner._prepare_forward_metadata_for_replay = (
             lambda forward_batch, static_forward_batch, shape_key:
-            self._prepare_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
+            self._prepare_real_replay(real_prepare, forward_batch, static_forward_batch, shape_key))
 
     # -- SGLang's __init__ and start-up capture ----------------------------------------------------------------
 
@@ -217,8 +157,6 @@ class SglangPrefillGraphRunner:
         # The device module the runner and its graph backend synchronize on: the model runner's (the simulator's
         # on the CPU); `__init__` ran with the tensors' device, from which it took torch's module for it.
         runner.device_module = runner.backend._device_module = mr.device_module
-        self.real.metadata_buffers = runner.attn_metadata_buffers  # SGLang's captured metadata, by ShapeKey
-        runner.attn_metadata_buffers = _CapturedMetadata(self.graphs)  # the harness path's buckets
         return runner
 
     @contextlib.contextmanager
@@ -252,50 +190,6 @@ class SglangPrefillGraphRunner:
                 runtime.get_parallel().override(tp_group=group, **rank_zero(self.api), **one_dp_rank(self.api)):
             yield
 
-    # -- the runner built with the fields its __init__ sets ---------------------------------------------------
-
-    def object_built_runner(self):
-        """The release's `PrefillCudaGraphRunner` object with the fields its `__init__` sets for DSV4 prefill, its
-        graph backend the harness's subclass of SGLang's (`_harness_graph_backend`, built without its `__init__`)."""
-        mods, mr = self.api.mods, self.mr
-        graph_runner = mods["graph_runner"]
-        runner = object.__new__(graph_runner.PrefillCudaGraphRunner)
-        backend = object.__new__(_harness_graph_backend(mods["breakable_backend"].BreakableCudaGraphBackend))
-        backend.harness_graphs = self
-        tdev = self.mr.harness_device.torch_device
-        max_bs = self.mr.session.sizes.max_reqs
-        runner.__dict__.update(
-            model_runner=mr, device=mr.device, device_module=mr.device_module, backend=backend,
-            prefill_backend_name=mods["graph_config"].Backend.BREAKABLE,
-            capture_num_tokens=self.capture_bs,  # get_prefill_num_tokens_to_capture: aligned to one rank, the same
-            max_bs=max_bs, max_context_size=None, max_seq_len=None,
-            enable_cp_bcg_capture=False,
-            enable_cp_v2_bcg_capture=False,  # 0.5.19's name of enable_cp_bcg_capture
-            prefill_cp_bcg_input=None, enable_lora=False, _capture_lora=False, is_multimodal=False,
-            is_dsv41_model=False, _use_draft_input_embeds=False, static_draft_hidden_states=None,
-            capture_hidden_mode=mods["forward"].CaptureHiddenMode.NULL, capture_return_pooled_hidden_states=False,
-            _is_full_backend=False, _capture_req_slots=1, has_mha_companion_layers=False, _qwen_bcg_hc_sidechannel=False,
-            _qwen_bcg_mtp_draft=False, prefer_eager_mixed_prefill=False,
-            # replaced: DSV4's `can_run_prefill_cuda_graph` reads the server's graph configuration (its
-            # context limit, unset by default) and the bounded-SWA replay switch (off): True for every batch
-            _backend_can_run_prefill_cuda_graph=None,
-            _capture_chunked_prefix=False, attention_layers=[], mha_companion_layers=[], moe_layers=[],
-            moe_fusions=[], dsa_indexers=None, quant_config=None, raw_num_tokens=0, raw_bs=0,
-            layer_model=mr.model.model,
-            _input_embeds_arg_idx=None,  # the PR era's: the layer model's forward takes no input_embeds
-            _prefill_static_buffers={name: torch.zeros((max_bs,), dtype=torch.int64, device=tdev)
-                                     for name in graph_runner._PREFILL_STATIC_FIELDS})
-        runner.max_num_tokens = max(runner.capture_num_tokens)
-        runner.use_captured_attn_metadata = mr.attn_backend.use_captured_forward_metadata_for_breakable_cuda_graph
-        runner.attn_metadata_buffers = _CapturedMetadata(self.graphs) if runner.use_captured_attn_metadata else None
-        if hasattr(mr.attn_backend, "prefill_cuda_graph_max_batch_size"):  # 0.5.23's bound; the PR era has none
-            runner._captured_attn_metadata_max_bs = (mr.attn_backend.prefill_cuda_graph_max_batch_size
-                                                     if runner.use_captured_attn_metadata else None)
-        with mods["runtime"].get_parallel().override(**one_dp_rank(self.api)):
-            runner.buffer_registry = mods["buffer_registry"].build_prefill_registry(
-                device=tdev, max_bs=max_bs, max_num_token=runner.max_num_tokens, cache_loc_dtype=torch.int64)
-        return runner
-
     # -- per batch ------------------------------------------------------------------------------------------
 
     def _order_registry_fill(self, registry) -> None:
@@ -310,11 +204,6 @@ class SglangPrefillGraphRunner:
                 return real_fill(forward_batch, **kwargs)
 
         registry.fill_from = fill_from
-
-    def _prepare_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
-        if self.mr.real_batch:
-            return self._prepare_real_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
-        return self._prepare_harness_replay(real_prepare, forward_batch, static_forward_batch, shape_key)
 
     def _padded(self, static_forward_batch, bucket: int) -> ForwardBatch:
         """The live harness batch with the model's activations padded as SGLang pads them, and positions,
@@ -337,8 +226,9 @@ class SglangPrefillGraphRunner:
         self.mr.probe.note(GraphReplay(bucket=bucket, tokens=live, stale_padded_rows=int(stale.sum())))
 
     def _prepare_real_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
-        """A bucket of the real path: captured by SGLang on first use (`real_graph.RealGraphs`), its static
-        inputs loaded, then SGLang's own replay prep (the backend's refresh and its resolver)."""
+        """Entered from SGLang's `load_batch` once the static batch exists: the bucket as SGLang's start-up capture
+        kept it (`real_graph.RealGraphs`), its static inputs loaded, then SGLang's own replay prep (the backend's
+        refresh and its resolver)."""
         mr, bucket = self.mr, bucket_of(shape_key)
         padded = self._padded(static_forward_batch, bucket)
         self.real.ensure(bucket, padded)
@@ -347,31 +237,14 @@ class SglangPrefillGraphRunner:
         mr.replay_batch = padded
         return real_prepare(forward_batch, static_forward_batch, shape_key)
 
-    def _prepare_harness_replay(self, real_prepare, forward_batch, static_forward_batch, shape_key):
-        """Entered from SGLang's `load_batch` once the static batch exists: the harness's side of the bucket
-        (capture on first use, its static inputs, the padded batch its metadata and layers read), then the
-        real `_prepare_forward_metadata_for_replay`. The padded batch is the live harness batch with the
-        model's activations padded as SGLang pads them, and positions, out_cache_loc and input_ids the
-        registry's static buffers that `load_batch` filled. `shape_key`: the bucket's ShapeKey (0.5.23) or its
-        token count (the PR-era releases)."""
-        mr, bucket = self.mr, bucket_of(shape_key)
-        padded = self._padded(static_forward_batch, bucket)
-        self.graphs.ensure(bucket, padded)
-        self.graphs.load_inputs(bucket, padded)
-        self._note_replay(static_forward_batch, bucket)
-        mr.replay_batch = padded
-        return real_prepare(forward_batch, static_forward_batch, shape_key)
-
     def replay(self, shape_key, static_forward_batch):
-        """The captured body of `shape_key`, replayed: the harness's layers over the padded batch and the static
-        batch, rows first as SGLang's outputs are (the body's hidden states)."""
+        """The captured body of `shape_key`, replayed: the breakable graph's captured segments and, between them,
+        SGLang's forward over the captured metadata (`eager.EagerPath.layers`), rows first as SGLang's outputs are
+        (the body's hidden states)."""
         mr = self.mr
         mr.bridge_delay()
-        if mr.real_batch:  # the breakable graph's body: captured segments and SGLang's forward
-            out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[bucket_of(shape_key)])
-            return out.transpose(0, 1)
-        return mr.run_model(mr.replay_batch, static_forward_batch,
-                            store_compressed=self.graphs.replay_store(bucket_of(shape_key))).transpose(0, 1)
+        out = mr.eager.layers(mr.replay_batch, static_forward_batch, self.real.buckets[bucket_of(shape_key)])
+        return out.transpose(0, 1)
 
     def can_run_graph(self, live) -> bool:
         """SGLang's `can_run_graph` (and through it `can_replay_locally`: the token ceiling, the padding
@@ -380,12 +253,10 @@ class SglangPrefillGraphRunner:
 
     def execute(self, live) -> torch.Tensor:
         """`live`: the real ForwardBatch the forward context holds."""
-        mr = self.mr
         try:
-            with self.real.replaying() if mr.real_batch else contextlib.nullcontext():
-                output = self.runner.execute(live)
+            output = self.runner.execute(live)
         finally:
-            mr.replay_batch = None
+            self.mr.replay_batch = None
         return output.hidden_states.transpose(0, 1)
 
 

@@ -20,7 +20,7 @@ from harness.model.attention import sparse_attention_on
 from harness.model.backend import page_slot
 from harness.model.enums import ForwardMode as HForwardMode
 from harness.model.pools import ForwardBatch
-from harness.probe import Forward, LazyBuild, MetadataReuse, PlanKind, Snapshot, SwaLocFallback
+from harness.probe import Forward, LazyBuild, PlanKind, Snapshot, SwaLocFallback
 from harness.sglang_target import server
 from harness.sglang_target.eager import EagerPath
 from harness.sglang_target.graph_runner import SglangPrefillGraphRunner
@@ -40,9 +40,6 @@ _REAL_MODES = (HForwardMode.EXTEND, HForwardMode.MIXED, HForwardMode.DECODE, HFo
 # then `_draft_extend_for_decode` on the draft model); SGLang's target never runs a draft-extend batch.
 _TARGET_MODES = {HForwardMode.DRAFT_EXTEND: HForwardMode.TARGET_VERIFY}
 _VERIFYING_MODES = (HForwardMode.TARGET_VERIFY, *_TARGET_MODES)  # the batches the target verifies
-# What SGLang's breakable-graph refresh reads: the fresh metadata, and through its raw_out_loc (a reference
-# to the batch's out_cache_loc, as in SGLang) the batch's own tensor.
-_METADATA_SOURCES = {"meta.fresh": None, "fb.out_cache_loc": None}
 
 
 @dataclass
@@ -210,7 +207,10 @@ class SglangModelRunner:
         return self.case.dims.layer_ratios
 
     def _build_graph_runner(self) -> Optional[SglangPrefillGraphRunner]:
-        return SglangPrefillGraphRunner(self)
+        """SGLang's prefill graph runner, built and captured at start-up; none for a CP case: SGLang's server
+        resolution turns DSV4's prefill graph off under CP (no release has a CP breakable graph for DSV4:
+        `policy.runs_graph`), so a CP server runs every batch eagerly."""
+        return None if self.case.flags.cp_active else SglangPrefillGraphRunner(self)
 
     @staticmethod
     def attn_tp_sequence_sharded(num_tokens: int) -> bool:
@@ -320,8 +320,8 @@ class SglangModelRunner:
     def _backend_for_batch(self) -> Iterator[None]:
         """The backend's methods for the batch in flight, on the instance while its host code runs: a batch of
         the real path gets SGLang's metadata init as host work on the forward stream (`EagerPath`); any other
-        the harness's metadata init (`_init_forward_metadata`), the breakable-graph refresh (`_prepare_bcg_replay`)
-        and the chunk-cache build deferred into a launch (`_deferred_chunk_cache`). SGLang's own methods
+        the harness's metadata init (`_init_forward_metadata`) and the chunk-cache build deferred into a launch
+        (`_deferred_chunk_cache`). SGLang's own methods
         otherwise; a closure launched now runs later and calls them."""
         backend = self.attn_backend
         if self.real_batch:
@@ -329,7 +329,6 @@ class SglangModelRunner:
                         "prepare_forward_metadata_for_breakable_cuda_graph_replay": self.eager.prepare_bcg_replay}
         else:
             replaced = {"init_forward_metadata": self._init_forward_metadata,
-                        "prepare_forward_metadata_for_breakable_cuda_graph_replay": self._prepare_bcg_replay,
                         "_build_sparse_prefill_chunk_cache": self._deferred_chunk_cache}
         backend.__dict__.update(replaced)
         try:
@@ -440,10 +439,11 @@ class SglangModelRunner:
             batch_kwargs = {"forward_batch": batch} if self.api.generation.context_takes_batch else {}
             with contexts.forward_context(contexts.ForwardContext(attn_backend=self.attn_backend), **batch_kwargs):
                 # Decode and idle batches go to the decode graph runner (not this path's); the prefill one decides
-                # the rest itself (it refuses target-verify).
-                replay = (graph and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
+                # the rest itself (it refuses target-verify). A CP server has none (`_build_graph_runner`).
+                replay = (graph and self.graph_runner is not None
+                          and fb.forward_mode not in (HForwardMode.DECODE, HForwardMode.IDLE)
                           and self.graph_runner.can_run_graph(batch))
-                self.real_batch = self.ran_real = self.replays_real(fb) if replay else self.runs_real(fb)
+                self.real_batch = self.ran_real = self.runs_real(fb)
                 with self._backend_for_batch():
                     if replay:
                         return self.graph_runner.execute(batch)
@@ -458,15 +458,6 @@ class SglangModelRunner:
         HiSparse coordinator, whose host pool the harness does not run). A CP case's draft extend after a prefill
         runs every CP rank's plan and forward of the draft model, as the target's prefill does."""
         return not self.case.flags.hisparse
-
-    @property
-    def captures_real(self) -> bool:
-        """Whether the case's prefill graphs are SGLang's own start-up capture (`graph_runner.sglang_built_runner`):
-        without CP (SGLang's prefill CP breakable graph, its own capture and `execute_prefill_cp_bcg`, is not
-        driven). A HiSparse case's too: the prefill graph runner replays EXTEND and MIXED batches only, which a
-        HiSparse case runs for real (its decode goes to the decode graph runner, not this one); the capture's
-        HiSparse indexer step is kept (`real_graph.RealGraphs.capture_hisparse_indexer`)."""
-        return not self.case.flags.cp_active
 
     def runs_real(self, fb: ForwardBatch) -> bool:
         """Whether an eager batch runs SGLang's metadata init and forward (`eager`): an EXTEND batch (a MIXED one
@@ -490,13 +481,6 @@ class SglangModelRunner:
         verify so (`strategies.with_draft_width`); a hand-written one of unequal lengths runs the harness's layers."""
         return set(fb.extend_seq_lens_cpu) == {self._draft_tokens()}
 
-    def replays_real(self, fb: ForwardBatch) -> bool:
-        """Whether a graph replay runs SGLang's capture, replay prep and forward (`real_graph`): a batch that would
-        run for real eagerly, replayed by the breakable graph with DSV4's captured metadata (`bcg`, the one
-        contract the target replays: `SglangApi.graph_contracts`), in a case whose start-up capture is SGLang's
-        (`captures_real`)."""
-        return self.captures_real and self.runs_real(fb)
-
     def use_sparse_prefill(self, forward_batch, rows: int) -> bool:
         """Whether the forward of `rows` query rows takes sparse prefill: SGLang's own dispatch where the release
         names it (`_use_sparse_prefill`, 0.5.22 on); before, the forward's inline condition, which is the reference
@@ -504,11 +488,11 @@ class SglangModelRunner:
         decide = getattr(self.attn_backend, "_use_sparse_prefill", self.harness.attn_backend._use_sparse_prefill)
         return decide(forward_batch, num_qo_tokens=rows)
 
-    def run_model(self, fb: ForwardBatch, view, store_compressed=None) -> torch.Tensor:
+    def run_model(self, fb: ForwardBatch, view) -> torch.Tensor:
         dims = self.case.dims
         out = torch.zeros(len(dims.layer_ratios), fb.num_tokens, dims.heads, dims.head_dim,
                           device=self.harness_device.torch_device)
-        self.forward_layers(fb, view, out, store_compressed)
+        self.forward_layers(fb, view, out)
         return out
 
     # -- the replaced metadata init --------------------------------------------------------------
@@ -543,30 +527,10 @@ class SglangModelRunner:
         return mods["backend"].DSV4Metadata(core_attn_metadata=real, indexer_metadata=None)
 
     def _init_forward_metadata(self, forward_batch) -> None:
-        """Replaced: the harness's metadata init of an eager batch (the real one plans FlashMLA and JIT kernels); a
-        breakable replay's refreshes the captured metadata instead (`_prepare_bcg_replay`)."""
+        """Replaced: the harness's metadata init of an eager batch off the real path (`runs_real`)."""
         backend = self.attn_backend
         backend.forward_metadata = self._fresh_metadata(self.as_loaded(forward_batch))
         self.plans.planned(PlanKind.METADATA, backend.forward_metadata)
-
-    def _prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
-        """Replaced: fresh metadata from the padded static batch, into the captured object by SGLang's own
-        refresh; `swa_out_cache_loc` is recomputed in-graph by SGLang (a launched copy here)."""
-        fresh = self._fresh_metadata(self.replay_batch)
-        dev = self.harness_device
-        with dev.host_work("DSV4Metadata.refresh_for_breakable_cuda_graph_replay_", reads=_METADATA_SOURCES,
-                           writes={"meta.static": None}):
-            capture_metadata.refresh_for_breakable_cuda_graph_replay_(fresh)
-        dst, src = capture_metadata.core_attn_metadata.swa_out_cache_loc, fresh.core_attn_metadata.swa_out_cache_loc
-        dev.launch("metadata.swa_out_cache_loc.copy_", lambda: dst.copy_(src),
-                   reads={"meta.fresh": None}, writes={"meta.static": None})
-        self._note_reuse(capture_metadata)
-        self.attn_backend.forward_metadata = capture_metadata
-        self.plans.planned(PlanKind.METADATA, capture_metadata)
-
-    def _note_reuse(self, metadata) -> None:
-        self.probe.note(MetadataReuse(cache_reset=metadata.sparse_prefill_cache is None,
-                                      flag_reset=not getattr(metadata, "prefill_shared_reads_snapshotted", False)))
 
     def _deferred_chunk_cache(self, forward_batch, *core_attn_metadata, num_qo_tokens: int):
         """The real `_build_sparse_prefill_chunk_cache`, run inside a launched closure; returns its holder.
@@ -596,21 +560,16 @@ class SglangModelRunner:
 
     # -- the harness's layers over the real metadata and chunk cache -----------------------------
 
-    def forward_layers(self, fb: ForwardBatch, view, out: torch.Tensor, store_compressed=None) -> None:
-        api, backend, harness = self.api, self.attn_backend, self.harness.attn_backend
+    def forward_layers(self, fb: ForwardBatch, view, out: torch.Tensor) -> None:
+        backend, harness = self.attn_backend, self.harness.attn_backend
         harness.forward_metadata = backend.forward_metadata
-        rows = fb.num_tokens
-        if api.is_cp_active(view):  # CP shards the query layout inside the forward
-            harness.late_refresh_swa_rows("cp.shard_metadata", fb, range(rows))
+        rows = fb.num_tokens  # no batch CP shards comes here: it runs every rank's plan and forward (`eager`)
         sparse = self.use_sparse_prefill(view, rows)
         self.probe.note(Forward(rows=rows, sparse=sparse))
         self.plans.read(PlanKind.METADATA, backend.forward_metadata)
         for layer, ratio in enumerate(self.case.dims.layer_ratios):
             self._store_swa(fb, view, layer)
-            if store_compressed is not None:
-                store_compressed(layer)
-            else:
-                harness.store_compressed(fb, layer, backend.forward_metadata.core_attn_metadata)
+            harness.store_compressed(fb, layer, backend.forward_metadata.core_attn_metadata)
             if ratio == 4:
                 harness.run_indexer(fb, layer)
             if sparse:

@@ -28,10 +28,8 @@ observed, since at start-up it cannot race with anything.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -78,19 +76,7 @@ class RealGraphs:
 
     def __init__(self, runner, model_runner):
         self.runner, self.mr = runner, model_runner
-        self.metadata_buffers: dict = {}  # SGLang's `attn_metadata_buffers` while a real replay runs
         self.buckets: dict[int, CapturedBucket] = {}
-
-    @contextlib.contextmanager
-    def replaying(self) -> Iterator[None]:
-        """The runner's captured-metadata dict is the real buckets' for this batch (another batch of the session,
-        on the harness's path, has its own)."""
-        runner = self.runner
-        saved, runner.attn_metadata_buffers = runner.attn_metadata_buffers, self.metadata_buffers
-        try:
-            yield
-        finally:
-            runner.attn_metadata_buffers = saved
 
     def ensure(self, bucket: int, padded) -> CapturedBucket:
         """The bucket as SGLang's start-up capture kept it; its static inputs sized from `padded` (the live batch

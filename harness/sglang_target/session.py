@@ -35,8 +35,10 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   the rank that owns it (`apply_cp_reindex`), and the harness holds the all-gathers (one process holds every rank's
   rows); a verify, which CP does not shard, as the static verify a CP server runs (SGLang refuses the ragged one
   under CP: `SGLANG_RAGGED_VERIFY_MODE=static`, every request at the server's width, `verifies_static`);
-- a CP case's graph replays (SGLang's prefill CP breakable graph, its capture and `execute_prefill_cp_bcg`, is not
-  driven) and hand-written verify batches of unequal widths, and a HiSparse case's decode batches run the harness's
+- a CP case replays no prefill graph: SGLang's server resolution turns DSV4's prefill graph off under CP (DSV4's
+  interleave CP has no breakable graph of its own in any release, `policy.runs_graph`), so its graph batches run
+  eagerly, as above, and the target builds no prefill graph runner for it;
+- a CP case's hand-written verify batches of unequal widths, and a HiSparse case's decode batches run the harness's
   metadata and layers over the
   same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
@@ -98,12 +100,9 @@ Replaced, with the reason (each compared with the real code in tests/test_sglang
   SGLang's own methods; `_build_sparse_prefill_chunk_cache` is deferred: the real method runs inside a
   launched operation on the forward stream, so on the simulator it reads the tables when the stream reaches it;
 - the captured graphs of the prefill graph runner (its capture needs the model): the graph backend's
-  `replay` runs the layers over SGLang's static batch; on the other path the harness's, with captured KV stores
-  that keep the capture's tensors (`CapturedGraphs`), on the real path SGLang's forward with the captured
-  segments of `real_graph.py`; its `capture_one` keeps what a graph holds. On the real path the runner is built
-  by SGLang's `__init__` and captures at start-up the buckets the case pads to, with the CUDA-graph machinery
-  stood in (`graph_runner.py` lists each piece); on the other path (a CP case) the runner is built
-  with the fields its `__init__` sets and a bucket is captured when SGLang's replay first asks for it;
+  `replay` runs SGLang's forward with the captured segments of `real_graph.py` over SGLang's static batch; its
+  `capture_one` keeps what a graph holds. The runner is built by SGLang's `__init__` and captures at start-up the
+  buckets the case pads to, with the CUDA-graph machinery stood in (`graph_runner.py` lists each piece);
 - on one rank, what a server's published configuration decides: `ModelRunner.attn_tp_sequence_sharded`
   (False), the capture list's alignment to the ranks (`get_prefill_num_tokens_to_capture`: the identity),
   on the PR-era releases DSV4's `can_run_prefill_cuda_graph` (its context limit is unset by default: True; on
@@ -264,7 +263,7 @@ class SglangSession(ReferenceSession):
 
     def kv_state(self) -> dict[str, torch.Tensor]:
         """The KV the last forward wrote: SGLang's pool, decoded, after a batch of the real path; the harness's
-        pools after any other (the harness's layers ran it: a CP case's graph replay, a HiSparse case's decode)."""
+        pools after any other (the harness's layers ran it: a HiSparse case's decode, a CP case's ragged verify)."""
         if self.model_runner.ran_real:
             return self.model_runner.eager.kv_state()
         return super().kv_state()
