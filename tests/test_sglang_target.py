@@ -37,7 +37,7 @@ from harness.sglang_target.platform import sglang_config  # noqa: E402
 from harness.sglang_target.real_backend import fixed_dims  # noqa: E402
 from harness.strategies import cases, seed_cases  # noqa: E402
 from harness.targets import Classes, ReferenceTarget, TargetSpec  # noqa: E402
-from harness.targets.protocol import (Forward, GraphReplay, LazyBuild, Planned, PlanRead, Publish,  # noqa: E402
+from harness.targets.protocol import (Forward, GraphReplay, LazyBuild, MetadataReuse, Planned, PlanRead, Publish,  # noqa: E402
                                       Snapshot)
 from tests.test_sglang_releases import _counting  # noqa: E402
 
@@ -465,6 +465,30 @@ def test_interface_contract_on_the_real_backend_names_the_reading_line(target, h
     breaks = check_object(backend, entry)
     assert [b.attribute for b in breaks] == ["token_to_kv_pool"]
     assert "sglang/srt/layers/attention/deepseek_v4_backend.py:" in str(breaks[0])
+
+
+def test_a_reused_buckets_refresh_that_keeps_the_chunk_cache_is_found(target, harness_device, monkeypatch):
+    """A breakable replay reuses its bucket's captured metadata: SGLang's refresh must drop the chunk cache an earlier
+    replay's sparse forward built into it (`DSV4Metadata.refresh_for_breakable_cuda_graph_replay_`). The target notes
+    what the refreshed metadata kept (`MetadataReuse`): clean, nothing; a refresh that keeps the cache is a `policy`
+    finding on the second replay."""
+    replay = Batch(requests=(Request(2, 5),), graph=True, mutations=(REWRITE,))
+    case = Case(dims=DIMS, graph_contract="bcg", batches=(replay, replay))  # sparse prefill on: each replay builds one
+    result = run_case(target, case, harness_device, target_spec=SGLANG)
+    assert result.findings == [], [f.message for f in result.findings]
+    assert notes(result, MetadataReuse)
+
+    metadata_cls = target.api.mods["backend"].DSV4Metadata
+    refresh = metadata_cls.refresh_for_breakable_cuda_graph_replay_
+
+    def keeps_cache(self, static_metadata):
+        kept = self.sparse_prefill_cache
+        refresh(self, static_metadata)
+        self.sparse_prefill_cache = kept
+    monkeypatch.setattr(metadata_cls, "refresh_for_breakable_cuda_graph_replay_", keeps_cache)
+    found = run_case(target, case, harness_device, target_spec=SGLANG).findings
+    assert any(f.oracle == "policy" and "kept the sparse cache" in f.message for f in found), \
+        [f.message for f in found]
 
 
 def test_sglangs_own_runner_scheduler_and_metadata_methods_run(target, harness_device, monkeypatch):

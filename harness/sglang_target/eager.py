@@ -37,7 +37,7 @@ from unittest import mock
 import torch
 
 from harness.case import CP_SIZE
-from harness.probe import Forward, LazyBuild, PlanKind
+from harness.probe import Forward, LazyBuild, MetadataReuse, PlanKind
 from harness.sglang_target import real_backend
 from harness.sglang_target.platform import cp_rank, sglang_config, sglang_op, swa_window
 from harness.sglang_target.real_graph import CapturedBucket
@@ -149,12 +149,16 @@ class EagerPath:
     def prepare_bcg_replay(self, capture_metadata, forward_batch, *, static_forward_batch=None) -> None:
         """The backend's own `prepare_forward_metadata_for_breakable_cuda_graph_replay` (SGLang's replay prep calls
         it on the forward stream): a fresh plan of the static batch, refreshed into the bucket's captured
-        metadata in place, the SWA write locations re-translated into it."""
+        metadata in place, the SWA write locations re-translated into it. What the reused metadata kept of an earlier
+        replay is noted (the chunk cache, the snapshot flag: both must be reset), for the policy oracle."""
         reads = {"req_to_token": self._rows_read(), **dict.fromkeys(_INIT_READS)}
         prepare = type(self.real.backend).prepare_forward_metadata_for_breakable_cuda_graph_replay
         with self.device.host_work("DeepseekV4AttnBackend.prepare_forward_metadata_for_breakable_cuda_graph_replay",
                                    reads=reads, writes=self._named("meta")), self.sglang():
             prepare(self.real.backend, capture_metadata, forward_batch, static_forward_batch=static_forward_batch)
+        self.probe.note(MetadataReuse(
+            cache_reset=capture_metadata.sparse_prefill_cache is None,
+            flag_reset=not getattr(capture_metadata, "prefill_shared_reads_snapshotted", False)))
         self.mr.plans.planned(PlanKind.METADATA, capture_metadata)
 
     def resolve(self, real_resolve, forward_batch, **kwargs):
