@@ -9,10 +9,14 @@ from harness.case import Batch, Case, Flags, Mutation, Request
 from harness import engine
 from harness.engine import run_case
 from harness.errors import EnvironmentBroken
+from harness.model.backend import DeepseekV4AttnBackend
 from harness.model.enums import ForwardMode, SharedReadEnds
+from harness.model.runners import ModelRunner
 from harness.mutants.corpus import mutant_target
+from harness.policy import expected_publish, runs_graph
+from harness.probe import GraphReplay, Publish
 from harness.sglang_target.differential import describe_difference
-from harness.targets import ReferenceTarget, Target
+from harness.targets import Classes, ReferenceTarget, Target
 
 PLAIN = Case(batches=(Batch(requests=(Request(5, 3),), mutations=(Mutation("req_to_token_rewrite"),)),))
 GRAPH = Case(batches=(Batch(requests=(Request(5, 3), Request(0, 2)), graph=True,
@@ -268,3 +272,33 @@ def test_an_overlapped_crash_that_loses_the_cuda_context_is_the_finding_and_the_
     assert (finding.oracle, finding.kind) == ("execution", "context-lost")
     assert "IndexError: index 1073741824" in finding.message and "barriered run could not be judged" in finding.message
     assert _Unbuildable.opened == 1
+
+
+def test_a_cp_server_shards_only_a_batch_as_long_as_its_ranks_and_replays_no_prefill_graph():
+    """SGLang's interleave CP shards an EXTEND or MIXED batch of at least as many tokens as ranks (its `can_apply`),
+    and a DSV4 CP server has no prefill graph (its server resolution turns it off under CP): in the reference model a
+    CP case's one-token extend is planned, snapshotted and published as without CP, and its graph batch runs
+    eagerly. The policy says the same, so the clean reference is quiet, and a reference whose snapshot gate asks
+    the server instead of the batch is found by the policy oracle."""
+
+    flags = Flags(SGLANG_ENABLE_PREFILL_WAR_READ_DONE=True, cp_active=True)
+    below, sharded = Batch(requests=(Request(9, 1),)), Batch(requests=(Request(9, 2),), graph=True)
+    case = Case(flags=flags, batches=(sharded, below))
+    assert expected_publish(case, below) == (True, "EXTEND with the snapshot built, no gate closed")
+    assert expected_publish(case, sharded)[0] is False and not runs_graph(case, sharded)
+    result = run_case(ReferenceTarget(), case)
+    assert result.findings == [], [f.message for f in result.findings]
+    notes = result.overlapped.notes
+    assert [any(isinstance(r, Publish) for r in batch) for batch in notes] == [False, True]
+    assert not any(isinstance(r, GraphReplay) for batch in notes for r in batch)
+
+    class ServerGate(DeepseekV4AttnBackend):
+        def _snapshot_prefill_shared_reads(self, forward_batch, *, num_qo_tokens):
+            if self.model_runner.flags.cp_active:
+                return SharedReadEnds.UNKNOWN
+            return super()._snapshot_prefill_shared_reads(forward_batch, num_qo_tokens=num_qo_tokens)
+
+    server_gate = ReferenceTarget(Classes(model_runner=type("ServerGateRunner", (ModelRunner,),
+                                                            {"backend_cls": ServerGate})))
+    found = run_case(server_gate, case, oracles=("policy",)).findings
+    assert [f.kind for f in found] == ["missed-fast-path"], [f.message for f in found]
