@@ -107,6 +107,14 @@ class Flags:
     def offloads_kv(self) -> bool:
         return self.hierarchical_cache or self.hicache_storage or self.lmcache
 
+    @property
+    def has_prefill_graph(self) -> bool:
+        """Whether the server replays a prefill graph at all: not under CP. SGLang's server resolution turns the
+        prefill graph off under CP where the CP strategy has no breakable graph of its own for the attention backend
+        ("context parallel (attn_cp_size > 1)" in `disable_*_cudagraph_if_incompatible`, 0.5.19 to 0.5.23;
+        `PREFILL_CP_BCG_SUPPORTED_COMBINATIONS` has no DSV4 pair), so every batch of a CP case runs eagerly."""
+        return not self.cp_active
+
     def cp_shards(self, mode: ForwardMode, num_tokens: int) -> bool:
         """Whether the server shards a batch of `mode` and `num_tokens` tokens across its CP ranks: SGLang's
         `is_cp_active` under the interleave strategy (`InterleaveCPStrategy.can_apply`, every release): CP on, an

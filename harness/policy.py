@@ -23,12 +23,9 @@ def graph_bucket(num_tokens: int) -> int | None:
 
 
 def runs_graph(case: Case, batch: Batch) -> bool:
-    """Whether the prefill graph replays `batch`: a graph batch within a bucket, on a server that has the prefill graph.
-    A CP server of DSV4 has none: SGLang's server resolution turns the prefill graph off under CP where the CP
-    strategy has no breakable graph of its own for the attention backend ("context parallel (attn_cp_size > 1)" in
-    `disable_*_cudagraph_if_incompatible`; `PREFILL_CP_BCG_SUPPORTED_COMBINATIONS` has no DSV4 pair in any release),
-    so every batch of a CP case runs eagerly."""
-    return (batch.graph and not case.flags.cp_active and batch.mode is not ForwardMode.IDLE
+    """Whether the prefill graph replays `batch`: a graph batch within a bucket, on a server that has the prefill graph
+    (`Flags.has_prefill_graph`: a CP server of DSV4 has none)."""
+    return (batch.graph and case.flags.has_prefill_graph and batch.mode is not ForwardMode.IDLE
             and graph_bucket(batch.num_tokens) is not None)
 
 

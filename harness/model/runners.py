@@ -253,8 +253,7 @@ class ModelRunner:
         self.probe.note(Dispatch(mode=fb.forward_mode.name, tokens=fb.num_tokens))
         if fb.forward_mode.is_idle():
             return self.execute_idle()
-        # a CP server has no prefill graph (`policy.runs_graph`): every batch of a CP case runs eagerly
-        if graph and not self.flags.cp_active and self.graph_runner.can_run_graph(fb.num_tokens):
+        if graph and self.flags.has_prefill_graph and self.graph_runner.can_run_graph(fb.num_tokens):
             out = self.graph_runner.execute(fb)
         else:
             out = self.eager_runner.forward(fb)

@@ -207,10 +207,9 @@ class SglangModelRunner:
         return self.case.dims.layer_ratios
 
     def _build_graph_runner(self) -> Optional[SglangPrefillGraphRunner]:
-        """SGLang's prefill graph runner, built and captured at start-up; none for a CP case: SGLang's server
-        resolution turns DSV4's prefill graph off under CP (no release has a CP breakable graph for DSV4:
-        `policy.runs_graph`), so a CP server runs every batch eagerly."""
-        return None if self.case.flags.cp_active else SglangPrefillGraphRunner(self)
+        """SGLang's prefill graph runner, built and captured at start-up; none where the server has no prefill graph
+        (`Flags.has_prefill_graph`: a CP case), which then runs every batch eagerly."""
+        return SglangPrefillGraphRunner(self) if self.case.flags.has_prefill_graph else None
 
     @staticmethod
     def attn_tp_sequence_sharded(num_tokens: int) -> bool:
