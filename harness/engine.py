@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from harness.case import Case, Mutation
 from harness.device import DeviceKind, OpFailed, context_error, make_device
 from harness.errors import HarnessError
-from harness.findings import CaseResult, Finding, RunRecord, refuse_out_of_memory
+from harness.findings import CaseResult, Finding, RunRecord, out_of_memory_refused, refuse_out_of_memory
 from harness.mutator import Mutator
 from harness.oracles import Judged, apply_oracles
 from harness.targets import REFERENCE, TargetSpec, load_batch
@@ -185,6 +185,13 @@ def run_case(target, case: Case, device_name: str = "cpu", *, schedule: str = "a
     declared accesses only (to measure the observer); by default the observer watches the overlapped run on
     every device."""
     case.validate()
+    with out_of_memory_refused():
+        return _judged(target, case, device_name, schedule=schedule, target_spec=target_spec, oracles=oracles,
+                       observe=observe)
+
+
+def _judged(target, case: Case, device_name: str, *, schedule: str, target_spec: TargetSpec,
+            oracles: Optional[frozenset], observe: bool) -> CaseResult:
     start = time.perf_counter()
     kind = DeviceKind(device_name)
     poison_ok = kind.poison_out_of_range

@@ -5,6 +5,7 @@ Below the engine and the oracles, so that both (and a new oracle) share them wit
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,6 +29,17 @@ def refuse_out_of_memory(exc: BaseException) -> None:
         raise EnvironmentBroken(f"the device ran out of memory during the case ({str(exc).splitlines()[0][:300]}): "
                                 "the machine's state, not a finding; judge fewer cases at once (--jobs) or free "
                                 "the device") from exc
+
+
+@contextmanager
+def out_of_memory_refused():
+    """`refuse_out_of_memory` for the harness's own work around the target's (the pool's state copied after a
+    batch, the oracles' decoded copies): an H100 shared by four of a campaign's children ran out copying a case's
+    pool, and the child's traceback was reported as the case crashing its process."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        refuse_out_of_memory(exc)
 
 
 @dataclass(frozen=True)

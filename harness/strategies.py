@@ -79,6 +79,11 @@ PROFILE_BUDGETS = {"dev": 12_000, "ci": 12_000, "nightly": 2_000_000}
 BUCKETS = generate_prefill_cuda_graph_batch_sizes(GRAPH_MAX_BS)
 MAX_TOKENS = 32_768
 MAX_PREFIX = 16_384
+# The most context (prefixes and new tokens) a drawn decode batch keeps at its drawn lengths: as much as a drawn
+# extend can hold. Without it a request of n new tokens after a long prefix became n running requests of that prefix
+# each: 251 of ~1,900 tokens (a 463k-slot pool, 13 to 22 GB a case) ran an 80 GB card out of memory at --jobs 4,
+# and a 256-request one the 24 GiB CI machine.
+MAX_DECODE_CONTEXT = MAX_PREFIX + MAX_TOKENS
 DECADES = [(1, 9), (10, 99), (100, 999), (1000, 9999), (10_000, MAX_TOKENS)]
 DELAYS = [0, 20_000_000, 100_000_000]  # a drawn case's delay of the scheduler's mutations, in cycles
 # A MIXED batch a quarter of the time: eager, every release runs it as EXTEND (it publishes), replayed it
@@ -154,9 +159,19 @@ ANY_REQUESTS = st.one_of(requests(), requests(max_requests=2, max_prefix=300, ma
 def decode_requests(reqs: tuple[Request, ...]) -> tuple[Request, ...]:
     """The drawn requests as a decode step's: every SGLang decode step adds one token a request, so a drawn request
     of n new tokens becomes n running requests of one token each, at consecutive lengths. The batch keeps its
-    token count (so its graph bucket, which the coverage aims count on) up to the request limit."""
-    running = [Request(r.prefix_len + i, 1) for r in reqs for i in range(r.extend_len)]
-    return tuple(running[:LIMITS["requests"]])
+    token count (so its graph bucket, which the coverage aims count on) up to the request limit. A running request
+    keeps its drawn prefix while the batch's context stays within `MAX_DECODE_CONTEXT`; past it, its length is its
+    offset alone (still consecutive, so every compressor phase stays drawn)."""
+    running: list[Request] = []
+    context = 0
+    for r in reqs:
+        for offset in range(r.extend_len):
+            prefix = r.prefix_len + offset if context + r.prefix_len + offset < MAX_DECODE_CONTEXT else offset
+            running.append(Request(prefix, 1))
+            context += prefix + 1
+            if len(running) == LIMITS["requests"]:
+                return tuple(running)
+    return tuple(running)
 
 
 # The most draft tokens a drawn draft extend gives a request (`--speculative-num-draft-tokens`: DSV4's MTP runs a few).

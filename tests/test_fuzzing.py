@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from harness import kill_table
 from harness.campaign import failure_signature, pinned_stream, run_campaign, schedule_strategy
-from harness.case import LIMITS
+from harness.case import LIMITS, Request
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.device import DeviceKind
 from harness.model.enums import ForwardMode
 from harness.mutants.corpus import mutant_target
-from harness.strategies import (CLOSED_CONDITIONS, MAX_DRAFT_TOKENS, PROFILE_BUDGETS, cases, closed_conditions,
-                                seed_cases, takes_hisparse_sparse_prefill, with_dims, with_draft_width)
+from harness.strategies import (CLOSED_CONDITIONS, MAX_DECODE_CONTEXT, MAX_DRAFT_TOKENS, PROFILE_BUDGETS, cases,
+                                closed_conditions, decode_requests, seed_cases, takes_hisparse_sparse_prefill, with_dims, with_draft_width)
 from harness.targets import ReferenceTarget, TargetSpec
 
 
@@ -70,6 +70,25 @@ def test_drawn_geometry_is_valid_and_within_the_ci_budget(case):
         # 64 drawn, plus the decode request a MIXED batch gets; a DECODE batch has a request for each drawn token
         assert len(batch.requests) <= (LIMITS["requests"] if batch.mode is ForwardMode.DECODE else 65)
         assert batch.mode is not ForwardMode.DECODE or {r.extend_len for r in batch.requests} == {1}
+        # every slot of a batch is a row of the pools and of the oracles' decoded copies
+        assert sum(r.prefix_len + r.extend_len for r in batch.requests) <= _MOST_CONTEXT
+
+
+# the context a decode batch keeps at its drawn lengths, and its running requests' offsets past it
+_MOST_CONTEXT = MAX_DECODE_CONTEXT + LIMITS["requests"] * (LIMITS["requests"] + 1) // 2
+
+
+def test_a_decode_step_of_a_long_request_keeps_consecutive_lengths_within_the_context_bound():
+    """A drawn request of 236 new tokens after 1,845 became 236 running requests of ~1,900 tokens each (with a
+    second one, a 463k-slot case that ran an 80 GB card out of memory at --jobs 4): the running requests keep their
+    drawn lengths up to `MAX_DECODE_CONTEXT`, then their offsets, consecutive either way."""
+    running = decode_requests((Request(1845, 236), Request(14, 15)))
+    lengths = [r.prefix_len for r in running]
+    assert len(running) == 251 and {r.extend_len for r in running} == {1}
+    assert lengths[:3] == [1845, 1846, 1847] and lengths[-15:] == list(range(15))
+    assert sum(lengths) + len(running) <= _MOST_CONTEXT < 463_716
+    assert all(b - a == 1 for a, b in zip(lengths, lengths[1:]) if b > a)
+    assert decode_requests((Request(10, 3),)) == (Request(10, 1), Request(11, 1), Request(12, 1))
 
 
 def test_edges_name_buckets_and_the_threshold():

@@ -208,8 +208,8 @@ def test_a_target_that_raises_opening_its_session_is_a_finding():
 
 
 class _OutOfMemory(ReferenceTarget):
-    """A target whose device runs out of memory: opening its session, stepping a batch, or asked by the reference
-    oracle (`where`)."""
+    """A target whose device runs out of memory: opening its session, stepping a batch, its pool's state read after
+    a batch (the harness's copy), or asked by the reference oracle (`where`)."""
 
     def __init__(self, where):
         super().__init__()
@@ -225,13 +225,15 @@ class _OutOfMemory(ReferenceTarget):
         session = super().open(case, device)
         if self.where == "step":
             session.step = lambda *args, **kwargs: self._fail()
+        if self.where == "kv_state":
+            session.kv_state = self._fail
         return session
 
     def reference_differences(self, case, device_name):
         self._fail()
 
 
-@pytest.mark.parametrize("where", ["open", "step", "reference"])
+@pytest.mark.parametrize("where", ["open", "step", "kv_state", "reference"])
 def test_a_device_out_of_memory_is_the_machines_state_never_a_finding(where):
     """A failed device allocation (an H100 shared by a campaign's children and another campaign) says nothing about
     the target: the run cannot vouch (exit 3) and names what to do; it is no `target-raised` finding (exit 1)."""
