@@ -361,6 +361,20 @@ def test_a_cp_batch_runs_every_ranks_plan_and_forward_through_the_release(target
     assert any(f.oracle == "float64" for f in found), [f.message for f in found]
 
 
+def test_a_cp_case_whose_verify_widths_differ_is_refused_naming_the_field(target, harness_device):
+    """No CP server runs a verify of unequal widths (SGLang refuses the ragged verify under CP): such a hand-written
+    case is refused before any work, naming the field and what is allowed, rather than run on the harness's layers."""
+    if "cp_active" in target.cannot_run:
+        pytest.skip(f"sglang {INSTALLED} shards a CP batch across ranks: CP cases are refused")
+    case = _case(target, Batch(requests=(Request(9, 6),)),
+                 Batch(mode=ForwardMode.TARGET_VERIFY, requests=(Request(15, 2), Request(20, 3))), cp_active=True)
+    with pytest.raises(InvalidArgument, match=r"extend_len .* CP case .*\[2, 3\]; allowed: one width"):
+        target.open(case, make_device(harness_device))
+    even = dataclasses.replace(case, batches=(case.batches[0], Batch(mode=ForwardMode.DRAFT_EXTEND,
+                                                                     requests=(Request(15, 3), Request(20, 3)))))
+    assert run_case(target, even, harness_device, target_spec=SGLANG).findings == []
+
+
 def test_a_cp_servers_batch_of_fewer_tokens_than_ranks_runs_whole_and_publishes(target, harness_device, monkeypatch):
     """SGLang's interleave strategy shards a batch only where it has at least as many tokens as CP ranks
     (`InterleaveCPStrategy.can_apply`); a one-token extend of a CP server runs whole on every rank, as without CP:

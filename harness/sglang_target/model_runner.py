@@ -464,20 +464,18 @@ class SglangModelRunner:
         made whole, the decode compressor plan; FlashMLA's `flash_mla_with_kvcache` stood in), a TARGET_VERIFY
         batch (SGLang's verify metadata, `_as_verify`) or the target part of a DRAFT_EXTEND batch (that verify,
         `target_mode`); of a CP case (0.5.23) such a batch too, an EXTEND or MIXED one as every CP rank's plan and
-        forward (`eager.EagerPath._init_every_rank`), a verify only at the server's one width (`verifies_static`);
+        forward (`eager.EagerPath._init_every_rank`), a verify at the server's one width (a CP case of another is
+        refused, `SglangSession`);
         with HiSparse, every such batch but a decode (`real_case`), over SGLang's HiSparse c4 pool (the session's
         `hisparse_map`)."""
-        if self.case.flags.cp_active and fb.forward_mode in _VERIFYING_MODES and not self.verifies_static(fb):
-            return False
         if self.case.flags.hisparse and fb.forward_mode is HForwardMode.DECODE:
             return False
         return fb.forward_mode in _REAL_MODES
 
     def verifies_static(self, fb: ForwardBatch) -> bool:
-        """Whether a verify batch is the uniform verify a CP server runs: SGLang plans a verify of unequal lengths
-        ragged (`SGLANG_RAGGED_VERIFY_MODE=compact`) and refuses that under CP ("set SGLANG_RAGGED_VERIFY_MODE off for
-        CP runs"), so a CP server verifies every request at its draft width (`static`). A campaign draws a CP case's
-        verify so (`strategies.with_draft_width`); a hand-written one of unequal lengths runs the harness's layers."""
+        """Whether a verify batch is the uniform verify, every request at the server's draft width: an EAGLE-family
+        server's only verify (a hand-written EAGLE case of unequal widths runs DSpark's ragged verify), and a CP
+        server's (SGLang refuses the ragged verify under CP, so `SglangSession` refuses a CP case of unequal widths)."""
         return set(fb.extend_seq_lens_cpu) == {self._draft_tokens()}
 
     def use_sparse_prefill(self, forward_batch, rows: int) -> bool:

@@ -34,12 +34,12 @@ Two paths, chosen per batch (`SglangModelRunner.runs_real`):
   planning and running their rows at the same point with the same backend, so each token row comes from the plan of
   the rank that owns it (`apply_cp_reindex`), and the harness holds the all-gathers (one process holds every rank's
   rows); a verify, which CP does not shard, as the static verify a CP server runs (SGLang refuses the ragged one
-  under CP: `SGLANG_RAGGED_VERIFY_MODE=static`, every request at the server's width, `verifies_static`);
+  under CP: `SGLANG_RAGGED_VERIFY_MODE=static`, every request at the server's width; a CP case whose verify widths
+  differ, which no CP server runs, is refused);
 - a CP case replays no prefill graph: SGLang's server resolution turns DSV4's prefill graph off under CP (DSV4's
   interleave CP has no breakable graph of its own in any release, `policy.runs_graph`), so its graph batches run
   eagerly, as above, and the target builds no prefill graph runner for it;
-- a CP case's hand-written verify batches of unequal widths, and a HiSparse case's decode batches run the harness's
-  metadata and layers over the
+- a HiSparse case's decode batches run the harness's metadata and layers over the
   same backend object, as listed under "Replaced" below; so does the draft extend
   after a decode batch and after a verify or draft-extend batch of uneven widths (`run_speculative_tail`, over the
   SWA latents SGLang's forward stored where it ran), which a campaign no longer draws for an EAGLE-family case
@@ -179,6 +179,12 @@ class SglangSession(ReferenceSession):
         if case.flags.cp_active and not api.generation.runs_cp:
             raise InvalidArgument(f"case flags.cp_active=true: the installed {api.describe()} shards a CP batch "
                                   "across ranks in its eager runner, which one process cannot run; allowed: false")
+        widths = sorted({r.extend_len for b in case.batches if b.mode.is_draft_wide() for r in b.requests})
+        if case.flags.cp_active and len(widths) > 1:
+            raise InvalidArgument(f"case batches[].requests[].extend_len of the TARGET_VERIFY and DRAFT_EXTEND batches "
+                                  f"of a CP case (flags.cp_active=true): {widths}; allowed: one width for the case (a "
+                                  "CP server verifies every request at its draft width: SGLang refuses the ragged "
+                                  "verify under CP, 'set SGLANG_RAGGED_VERIFY_MODE off for CP runs')")
         if case.graph_contract not in api.graph_contracts and any(b.graph for b in case.batches):
             raise InvalidArgument(f"case graph_contract={case.graph_contract!r}: allowed: "
                                   f"{', '.join(api.graph_contracts)} (sglang {api.version} replays DSV4's prefill graph "
