@@ -41,7 +41,7 @@ from harness.coverage import VALUES, Coverage
 from harness.covering import FIRST_CASES, CoverageFirst, covering_cases, unreachable
 from harness.device import DeviceKind
 from harness.engine import CaseResult, Finding, run_case
-from harness.errors import InvalidArgument
+from harness.errors import HarnessError, InvalidArgument
 from harness.example_db import ScopedDatabase, database_scope, open_database
 from harness.isolation import IsolatedPool, IsolatedRunner
 from harness.overlap import FastPathOverlap
@@ -94,6 +94,17 @@ class FailureDealt(BaseException):
 class EnoughFailures(BaseException):
     """Raised inside the hypothesis test once --keep-going's distinct failures are collected: not an
     `Exception`, so hypothesis stops drawing instead of shrinking it."""
+
+
+class JudgingFailed(BaseException):
+    """Carries a harness error (a broken environment, bad input) raised judging a case inside the hypothesis test:
+    not an `Exception`, so hypothesis neither shrinks nor replays that case. A case that ran the device out of memory
+    beside three others did not on hypothesis's replay alone, and the campaign ended in hypothesis's `FlakyFailure`
+    (exit 5, a traceback) instead of the error (exit 3). `Campaign.run` raises the error itself."""
+
+    def __init__(self, error: HarnessError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class CampaignInterrupted(BaseException):
@@ -363,6 +374,8 @@ class Campaign:
                 self.keep_minimal(raised)
             except (CampaignInterrupted, EnoughFailures):
                 pass
+            except JudgingFailed as failed:
+                raise failed.error from None
             if self.collected:
                 self.shrink_collected()
         finally:
@@ -492,7 +505,10 @@ class Campaign:
                   max_examples=examples)
         @given(case=strategy, schedule=schedule)
         def test(case, schedule):
-            body(case, schedule)
+            try:
+                body(case, schedule)
+            except HarnessError as exc:
+                raise JudgingFailed(exc) from exc
 
         for case in reversed(explicit):
             test = example(case=case, schedule="adversarial")(test)

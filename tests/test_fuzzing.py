@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
+import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
 from harness import kill_table
@@ -19,6 +20,7 @@ from harness.campaign import failure_signature, pinned_stream, run_campaign, sch
 from harness.case import LIMITS, Request
 from harness.coverage import DIMENSIONS, Coverage, edge, merge_tables
 from harness.device import DeviceKind
+from harness.errors import EnvironmentBroken
 from harness.model.enums import ForwardMode
 from harness.mutants.corpus import mutant_target
 from harness.strategies import (CLOSED_CONDITIONS, MAX_DECODE_CONTEXT, MAX_DRAFT_TOKENS, PROFILE_BUDGETS, cases,
@@ -411,3 +413,26 @@ def test_the_cuda_kill_table_runs_its_campaigns_at_once_and_keeps_the_tables_ord
     assert clean["cases"] == 4 and clean["findings"] == 0
     assert [row["name"] for row in rows] == names and all(row["killed"] for row in rows)
     assert lines[0].startswith("clean reference: 4 cases") and len(lines) == 4
+
+
+class _BrokenOnce(ReferenceTarget):
+    """A target whose environment breaks at its third session only (a device shared with other processes, out of
+    memory once): hypothesis's replay of that case alone would not fail."""
+
+    def __init__(self):
+        super().__init__()
+        self.sessions = 0
+
+    def open(self, case, device):
+        self.sessions += 1
+        if self.sessions == 3:
+            raise EnvironmentBroken("the device ran out of memory during the case (planted)")
+        return super().open(case, device)
+
+
+@pytest.mark.parametrize("shrink", [False, True])
+def test_an_environment_that_breaks_once_mid_campaign_ends_it_with_that_error_not_hypothesiss(shrink):
+    """A harness error judging a case (exit 3: the run cannot vouch) reaches the command as itself: hypothesis took it
+    for a failing case, replayed it alone, saw it pass and raised its `FlakyFailure` (exit 5, a traceback)."""
+    with pytest.raises(EnvironmentBroken, match="planted"):
+        run_campaign(_BrokenOnce(), examples=10, shrink=shrink, seeds=False)
