@@ -24,7 +24,8 @@ from harness.errors import EnvironmentBroken
 from harness.model.enums import ForwardMode
 from harness.mutants.corpus import mutant_target
 from harness.strategies import (CLOSED_CONDITIONS, MAX_DECODE_CONTEXT, MAX_DRAFT_TOKENS, PROFILE_BUDGETS, cases,
-                                closed_conditions, decode_requests, seed_cases, takes_hisparse_sparse_prefill, with_dims, with_draft_width)
+                                closed_conditions, decode_requests, seed_cases, takes_hisparse_sparse_prefill, with_dims,
+                                with_draft_width)
 from harness.targets import ReferenceTarget, TargetSpec
 
 

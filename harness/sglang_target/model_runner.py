@@ -474,8 +474,8 @@ class SglangModelRunner:
 
     def verifies_static(self, fb: ForwardBatch) -> bool:
         """Whether a verify batch is the uniform verify, every request at the server's draft width: an EAGLE-family
-        server's only verify (a hand-written EAGLE case of unequal widths runs DSpark's ragged verify), and a CP
-        server's (SGLang refuses the ragged verify under CP, so `SglangSession` refuses a CP case of unequal widths)."""
+        server's only verify (a hand-written EAGLE case of unequal widths runs DSpark's ragged verify). A CP case's
+        verify always is (`SglangSession` refuses one of unequal widths)."""
         return set(fb.extend_seq_lens_cpu) == {self._draft_tokens()}
 
     def use_sparse_prefill(self, forward_batch, rows: int) -> bool:
